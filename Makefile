@@ -1,0 +1,44 @@
+# caddy-redis-lock: the two commands a newcomer runs are `make demo` and `make test`.
+GO      ?= go
+ARGS    ?=
+GOFILES  = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
+
+.PHONY: test redis fmt-check vet bench loadtest demo caddy
+
+# redis makes sure redis-server is installed: tests start their own on free ports.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server is missing: install it (sudo apt-get install -y redis-server, or brew install redis)"; exit 1; \
+	  fi; }
+	@redis-server --version
+
+fmt-check:
+	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+
+# test: every test, with the race detector, against real redis-server processes.
+test: redis fmt-check vet
+	REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 20m ./...
+
+# bench: this library beside bsm/redislock, redsync, rueidislock and a raw floor.
+bench: redis
+	cd bench && ./run.sh
+
+# loadtest: requests per second through redis_lock + reverse_proxy vs plain reverse_proxy.
+loadtest: redis
+	./scripts/loadtest.sh
+
+# demo: a storm of duplicate charges at a plain route and a locked one.
+demo:
+	$(GO) run ./cmd/demo $(ARGS)
+
+# caddy: a Caddy binary with this plugin, built with xcaddy.
+caddy:
+	./scripts/xcaddy-build.sh

@@ -1,0 +1,217 @@
+// Package lock is a Redis lock for one holder at a time across many processes:
+// one-round-trip acquire that also issues a strictly increasing fencing token,
+// a keep-alive that cancels the holder's context as soon as the lease may have
+// been lost, and a token-checked release. It is built on go-redis
+// (redis.UniversalClient: standalone, Sentinel and Cluster clients all work)
+// and does not depend on Caddy.
+//
+// A lease is a timing assumption: a holder that pauses longer than its lease
+// can still act after another holder took over. Pass the fencing token to the
+// protected resource and have it reject tokens lower than one it has seen.
+package lock
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults used when the corresponding field is zero.
+const (
+	DefaultTTL            = 10 * time.Second
+	DefaultFenceTTL       = 7 * 24 * time.Hour
+	DefaultReleaseTimeout = time.Second
+	DefaultPrefix         = "redis_lock:"
+)
+
+// NoRenew as Options.Renew turns the keep-alive off: the lease ends at its
+// local deadline.
+const NoRenew time.Duration = -1
+
+// Locker acquires locks. Client implements it on one Redis deployment; a
+// Redlock implementation over several independent masters can sit behind the
+// same interface.
+type Locker interface {
+	Acquire(ctx context.Context, key string, opt Options) (*Lock, error)
+}
+
+// Options for one Acquire.
+type Options struct {
+	// TTL is the lease. Default 10s.
+	TTL time.Duration
+	// Renew is the keep-alive interval. Default TTL/3; NoRenew disables it.
+	Renew time.Duration
+	// Wait bounds how long Acquire waits for a held lock before it returns
+	// ErrNotObtained. Default 0: do not wait.
+	Wait time.Duration
+}
+
+// Config for a Client.
+type Config struct {
+	// FenceTTL is how long an unused fencing counter is kept. Default 7 days;
+	// every acquire refreshes it.
+	FenceTTL time.Duration
+	// ReleaseTimeout bounds Release, which runs detached from the caller's
+	// cancellation. Default 1s.
+	ReleaseTimeout time.Duration
+	// OnRenew, when set, is called after every keep-alive refresh with nil,
+	// ErrNotHeld or an ErrUnavailable error (for metrics).
+	OnRenew func(err error)
+}
+
+// Client takes locks on one Redis deployment.
+type Client struct {
+	rdb redis.UniversalClient
+	cfg Config
+}
+
+// New returns a Client. For context deadlines to bound each call, create rdb
+// with ContextTimeoutEnabled. go-redis may retry a command after a network
+// error; every script here is idempotent for its own token, so a retry never
+// applies twice.
+func New(rdb redis.UniversalClient, cfg *Config) *Client {
+	c := &Client{rdb: rdb}
+	if cfg != nil {
+		c.cfg = *cfg
+	}
+	if c.cfg.FenceTTL <= 0 {
+		c.cfg.FenceTTL = DefaultFenceTTL
+	}
+	if c.cfg.ReleaseTimeout <= 0 {
+		c.cfg.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	return c
+}
+
+// Key builds the Redis key for a lock: prefix + "{" + hex(sha256(scope + NUL +
+// name)) + "}". Hashing keeps client data out of Redis key names and keys
+// fixed-length; the braces are a Cluster hash tag, so the lock and its
+// ":fence" counter share a slot.
+func Key(prefix, scope, name string) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	var sum [sha256.Size]byte
+	var hexed [2 * sha256.Size]byte
+	hex.Encode(hexed[:], h.Sum(sum[:0]))
+	return prefix + "{" + string(hexed[:]) + "}"
+}
+
+// FenceKey is the key of the fencing counter that belongs to a lock key.
+func FenceKey(key string) string { return key + ":fence" }
+
+// Acquire takes the lock named key (a full Redis key, such as one from Key)
+// for opt.TTL. The returned lock's Context is derived from ctx and is
+// cancelled when the lock is released or lost. On contention it returns a
+// *NotObtainedError (errors.Is ErrNotObtained) once opt.Wait has passed.
+func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, error) {
+	ttl := opt.TTL
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	renew := opt.Renew
+	if renew == 0 {
+		renew = ttl / 3
+	}
+	token := uuid.NewString()
+	var waitUntil time.Time
+	if opt.Wait > 0 {
+		waitUntil = time.Now().Add(opt.Wait)
+	}
+	backoff := minBackoff
+	for {
+		sent := time.Now()
+		fence, remaining, ok, err := c.acquireOnce(ctx, key, token, ttl)
+		if err != nil {
+			// The script may have run and only the reply been lost: free
+			// what may be ours so a duplicate is not blocked for a lease.
+			go c.releaseToken(context.WithoutCancel(ctx), key, token)
+			return nil, err
+		}
+		if ok {
+			return newLock(ctx, c, key, token, fence, ttl, renew, sent), nil
+		}
+		now := time.Now()
+		if waitUntil.IsZero() || !now.Before(waitUntil) {
+			return nil, &NotObtainedError{Remaining: remaining}
+		}
+		// Full jitter on an exponential step, never past the wait or the
+		// holder's lease. All state is local to this call.
+		sleep := backoff/2 + rand.N(backoff/2+1)
+		if remaining > 0 && remaining < sleep {
+			sleep = remaining
+		}
+		if left := waitUntil.Sub(now); left < sleep {
+			sleep = left
+		}
+		backoff = min(2*backoff, maxBackoff)
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+const (
+	minBackoff = 8 * time.Millisecond
+	maxBackoff = 256 * time.Millisecond
+)
+
+// acquireOnce runs the acquire script: the lock and its fencing token, or the
+// holder's remaining lease.
+func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Duration) (fence int64, remaining time.Duration, ok bool, err error) {
+	res, err := acquireScript.Run(ctx, c.rdb, []string{key, FenceKey(key)},
+		token, ttl.Milliseconds(), c.cfg.FenceTTL.Milliseconds()).Int64Slice()
+	if err != nil {
+		return 0, 0, false, classify(ctx, err)
+	}
+	if len(res) != 2 {
+		return 0, 0, false, classify(ctx, errors.New("unexpected reply from acquire script"))
+	}
+	if res[0] == 1 {
+		return res[1], 0, true, nil
+	}
+	if res[1] > 0 {
+		remaining = time.Duration(res[1]) * time.Millisecond
+	}
+	return 0, remaining, false, nil
+}
+
+// refresh extends key's lease to ttl if it still holds token.
+func (c *Client) refresh(ctx context.Context, key, token string, ttl time.Duration) error {
+	n, err := refreshScript.Run(ctx, c.rdb, []string{key}, token, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return classify(ctx, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// releaseToken deletes key if it still holds token, on a context detached from
+// the caller's cancellation and bounded by ReleaseTimeout.
+func (c *Client) releaseToken(ctx context.Context, key, token string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ReleaseTimeout)
+	defer cancel()
+	n, err := releaseScript.Run(ctx, c.rdb, []string{key}, token).Int64()
+	if err != nil {
+		return classify(ctx, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+var _ Locker = (*Client)(nil)

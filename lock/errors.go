@@ -1,0 +1,50 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors callers tell apart with errors.Is. A cancelled or expired caller
+// context is reported as context.Canceled or context.DeadlineExceeded.
+var (
+	// ErrNotObtained: another holder has the lock (after any wait).
+	ErrNotObtained = errors.New("redislock: lock not obtained")
+	// ErrNotHeld: the lock is no longer ours (expired, or taken by another).
+	ErrNotHeld = errors.New("redislock: lock not held")
+	// ErrUnavailable: Redis could not be reached or did not answer in time.
+	ErrUnavailable = errors.New("redislock: redis unavailable")
+	// ErrLeaseExpired: the local lease deadline passed without a successful
+	// refresh. It is the cause of a lost lock's context and matches ErrNotHeld.
+	ErrLeaseExpired = fmt.Errorf("%w: local lease deadline passed", ErrNotHeld)
+	// ErrReleased is the cause of a lock context ended by Release.
+	ErrReleased = errors.New("redislock: lock released")
+)
+
+// NotObtainedError carries how long the current holder's lease has left, so a
+// caller can answer with Retry-After. It matches ErrNotObtained.
+type NotObtainedError struct {
+	// Remaining is the holder's remaining lease; 0 when unknown.
+	Remaining time.Duration
+}
+
+func (e *NotObtainedError) Error() string {
+	return fmt.Sprintf("%v (held for another %v)", ErrNotObtained, e.Remaining)
+}
+
+// Is makes errors.Is(err, ErrNotObtained) true.
+func (e *NotObtainedError) Is(target error) bool { return target == ErrNotObtained }
+
+// classify turns a Redis call error into the package's errors: the caller's
+// own cancellation stays a context error, anything else is ErrUnavailable.
+func classify(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}

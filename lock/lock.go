@@ -1,0 +1,189 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Lock is a held lock. Its Context ends when the lock is released or lost.
+type Lock struct {
+	c      *Client
+	key    string
+	token  string
+	fence  int64
+	ttl    time.Duration
+	renew  time.Duration // <= 0: no keep-alive
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	deadline time.Time   // local lease deadline, monotonic
+	timer    *time.Timer // next renewal, or the deadline when not renewing
+	done     bool        // released or lost: the timer must not be re-armed
+	inflight sync.WaitGroup
+}
+
+// leaseMargin is what a lease is cut by locally, for clock drift between this
+// process and Redis and for the time the reply takes to arrive.
+func leaseMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+func newLock(parent context.Context, c *Client, key, token string, fence int64, ttl, renew time.Duration, sent time.Time) *Lock {
+	ctx, cancel := context.WithCancelCause(parent)
+	l := &Lock{c: c, key: key, token: token, fence: fence, ttl: ttl, renew: renew, ctx: ctx, cancel: cancel}
+	l.deadline = sent.Add(ttl - leaseMargin(ttl))
+	// One timer per lock: it fires at the first renewal, or at the deadline
+	// when not renewing, so a request shorter than that costs no goroutine.
+	// The first renewal is always due before the deadline.
+	if renew > 0 && renew < time.Until(l.deadline) {
+		l.timer = time.AfterFunc(renew, l.tick)
+	} else {
+		l.renew = 0
+		l.timer = time.AfterFunc(time.Until(l.deadline), l.expire)
+	}
+	return l
+}
+
+// Key is the Redis key of the lock.
+func (l *Lock) Key() string { return l.key }
+
+// Token is the random value that identifies this holder in Redis.
+func (l *Lock) Token() string { return l.token }
+
+// Fence is the fencing token: larger than any earlier holder's of this key.
+func (l *Lock) Fence() int64 { return l.fence }
+
+// Context is cancelled when the lock is released or lost, or the context
+// given to Acquire ends. context.Cause tells which: ErrReleased, ErrNotHeld
+// (Redis reports another holder), ErrLeaseExpired (no successful refresh
+// before the local lease deadline) or the parent's error.
+func (l *Lock) Context() context.Context { return l.ctx }
+
+// Deadline is the local lease deadline: the lock must be treated as lost from
+// then on unless a refresh succeeds first.
+func (l *Lock) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Refresh extends the lease to ttl (the acquire TTL when ttl <= 0) if the lock
+// is still held, and moves the local deadline from the time it was sent.
+func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ttl <= 0 {
+		ttl = l.ttl
+	}
+	if err := context.Cause(l.ctx); err != nil {
+		return err
+	}
+	sent := time.Now()
+	if err := l.c.refresh(ctx, l.key, l.token, ttl); err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			l.lose(ErrNotHeld)
+		}
+		return err
+	}
+	l.extend(sent, ttl)
+	return nil
+}
+
+// Release deletes the lock if it is still ours and stops the keep-alive. It
+// runs detached from ctx's cancellation (the caller may be gone) with the
+// client's ReleaseTimeout. It is safe to call more than once; a lock that has
+// expired or been taken over reports ErrNotHeld and is left alone.
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	l.done = true
+	l.timer.Stop()
+	l.mu.Unlock()
+	l.cancel(ErrReleased)
+	l.inflight.Wait() // an in-flight refresh ends with the context above
+	return l.c.releaseToken(ctx, l.key, l.token)
+}
+
+// tick is the keep-alive: refresh, then re-arm for the next interval or, after
+// a failure, retry sooner until the local deadline passes.
+func (l *Lock) tick() {
+	l.mu.Lock()
+	if l.done {
+		l.mu.Unlock()
+		return
+	}
+	deadline := l.deadline
+	l.inflight.Add(1)
+	l.mu.Unlock()
+	defer l.inflight.Done()
+
+	if !time.Now().Before(deadline) {
+		l.lose(ErrLeaseExpired)
+		return
+	}
+	// The lease timer watches the deadline while the refresh may be stuck;
+	// the refresh itself gives up at the deadline, when it is of no use.
+	lease := time.AfterFunc(time.Until(deadline), l.expire)
+	rctx, cancel := context.WithDeadline(l.ctx, deadline)
+	sent := time.Now()
+	err := l.c.refresh(rctx, l.key, l.token, l.ttl)
+	cancel()
+	lease.Stop()
+	if l.c.cfg.OnRenew != nil && l.ctx.Err() == nil {
+		l.c.cfg.OnRenew(err)
+	}
+	switch {
+	case err == nil:
+		l.extend(sent, l.ttl)
+		l.rearm(l.renew)
+	case errors.Is(err, ErrNotHeld):
+		l.lose(ErrNotHeld)
+	default:
+		l.rearm(max(l.renew/4, 10*time.Millisecond))
+	}
+}
+
+// extend moves the local deadline to sent + ttl - margin.
+func (l *Lock) extend(sent time.Time, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := sent.Add(ttl - leaseMargin(ttl)); !l.done && d.After(l.deadline) {
+		l.deadline = d
+	}
+}
+
+// rearm schedules the next tick, never later than the deadline.
+func (l *Lock) rearm(after time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done {
+		return
+	}
+	if left := time.Until(l.deadline); left < after {
+		after = max(left, 0)
+	}
+	l.timer.Reset(after)
+}
+
+// expire ends the lock at its local deadline. Without keep-alive it is the
+// main timer's function and follows a deadline moved by Refresh.
+func (l *Lock) expire() {
+	l.mu.Lock()
+	left := time.Until(l.deadline)
+	if left > 0 {
+		if l.renew <= 0 && !l.done {
+			l.timer.Reset(left)
+		}
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.lose(ErrLeaseExpired)
+}
+
+// lose ends the lock's context with cause; the keep-alive stops.
+func (l *Lock) lose(cause error) {
+	l.mu.Lock()
+	l.done = true
+	l.timer.Stop()
+	l.mu.Unlock()
+	l.cancel(cause)
+}

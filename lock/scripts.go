@@ -1,0 +1,24 @@
+package lock
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts run with EVALSHA and fall back to EVAL on NOSCRIPT (go-redis's
+// Script.Run), so an empty script cache after a failover or SCRIPT FLUSH costs
+// one extra round trip, never an error.
+var (
+	//go:embed acquire.lua
+	acquireSrc    string
+	acquireScript = redis.NewScript(acquireSrc)
+
+	//go:embed release.lua
+	releaseSrc    string
+	releaseScript = redis.NewScript(releaseSrc)
+
+	//go:embed refresh.lua
+	refreshSrc    string
+	refreshScript = redis.NewScript(refreshSrc)
+)
