@@ -1,0 +1,384 @@
+package lock
+
+import (
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestKeyKnownVector(t *testing.T) {
+	// printf 'idem\0abc-123' | sha256sum
+	const want = "redis_lock:{e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760}"
+	if got := Key(DefaultPrefix, "idem", "abc-123"); got != want {
+		t.Fatalf("Key = %q, want %q", got, want)
+	}
+	// printf '\0' | sha256sum: empty scope and name still hash the separator.
+	if got := Key("p:", "", ""); got != "p:{6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d}" {
+		t.Fatalf("Key(empty) = %q", got)
+	}
+	// The separator keeps (scope, name) pairs apart.
+	if Key("", "ab", "c") == Key("", "a", "bc") {
+		t.Fatal("Key does not separate scope from name")
+	}
+	if !regexp.MustCompile(`^x\{[0-9a-f]{64}\}$`).MatchString(Key("x", "s", "N")) {
+		t.Fatalf("Key is not prefix{lowercase hex sha256}: %q", Key("x", "s", "N"))
+	}
+	if got := FenceKey("p:{h}"); got != "p:{h}:fence" {
+		t.Fatalf("FenceKey = %q", got)
+	}
+}
+
+// hashTag is the Cluster hash tag of key: what is between the first { and
+// the next }.
+func hashTag(key string) string {
+	i := strings.IndexByte(key, '{')
+	if i < 0 {
+		return ""
+	}
+	j := strings.IndexByte(key[i+1:], '}')
+	if j <= 0 {
+		return ""
+	}
+	return key[i+1 : i+1+j]
+}
+
+// cmdstat returns the server's call count for one command.
+func cmdstat(t *testing.T, admin *redis.Client, name string) int {
+	t.Helper()
+	info, err := admin.Info(ctxT(t), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^cmdstat_` + name + `:calls=(\d+)`).FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+func TestAcquireAndReleaseOneRoundTrip(t *testing.T) {
+	srv, admin := startRedis(t)
+	hook := &cmdCounter{}
+	c := New(newRDB(t, srv.Addr, hook), nil)
+	ctx := ctxT(t)
+	key := testKey(t)
+
+	// Warm-up: open the connection and load the scripts.
+	for range 2 {
+		l, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook.take()
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := range 5 {
+		l, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmds := hook.take(); len(cmds) != 1 || cmds[0] != "evalsha" {
+			t.Fatalf("cycle %d: uncontended Acquire sent %v, want exactly [evalsha]", i, cmds)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if cmds := hook.take(); len(cmds) != 1 || cmds[0] != "evalsha" {
+			t.Fatalf("cycle %d: Release sent %v, want exactly [evalsha]", i, cmds)
+		}
+	}
+	// The server agrees: 10 script calls, no EVAL fallback.
+	if n := cmdstat(t, admin, "evalsha"); n != 10 {
+		t.Fatalf("server saw %d EVALSHA, want 10", n)
+	}
+	if n := cmdstat(t, admin, "eval"); n != 0 {
+		t.Fatalf("server saw %d EVAL, want 0", n)
+	}
+
+	// Contention is one round trip as well.
+	holder := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	hook.take()
+	if _, err := c.Acquire(ctx, key, Options{TTL: time.Minute}); !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("contended Acquire: %v", err)
+	}
+	if cmds := hook.take(); len(cmds) != 1 {
+		t.Fatalf("contended Acquire sent %v, want one command", cmds)
+	}
+	_ = holder
+}
+
+func TestAcquireContentionReportsRemaining(t *testing.T) {
+	_, rdb := startRedis(t)
+	c := New(rdb, nil)
+	ctx := ctxT(t)
+	key := testKey(t)
+	const ttl = 20 * time.Second
+	mustAcquire(t, c, key, Options{TTL: ttl, Renew: NoRenew})
+
+	_, err := c.Acquire(ctx, key, Options{TTL: time.Second})
+	pttl := rdb.PTTL(ctx, key).Val()
+	var ne *NotObtainedError
+	if !errors.As(err, &ne) || !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("Acquire on a held key: %v, want *NotObtainedError", err)
+	}
+	if ne.Remaining <= 0 || ne.Remaining > ttl {
+		t.Fatalf("Remaining = %v, want in (0, %v]", ne.Remaining, ttl)
+	}
+	// Read after the attempt, so PTTL <= Remaining, by no more than the
+	// time between the two calls.
+	if d := ne.Remaining - pttl; d < 0 || d > 2*time.Second {
+		t.Fatalf("Remaining = %v, holder's PTTL = %v", ne.Remaining, pttl)
+	}
+	if !strings.Contains(err.Error(), "not obtained") {
+		t.Fatalf("error text %q", err)
+	}
+}
+
+func TestAcquireTokenIsUUIDv4(t *testing.T) {
+	_, rdb := startRedis(t)
+	c := New(rdb, nil)
+	seen := map[string]bool{}
+	for i := range 20 {
+		l := mustAcquire(t, c, testKey(t)+strconv.Itoa(i), Options{TTL: time.Minute})
+		u, err := uuid.Parse(l.Token())
+		if err != nil {
+			t.Fatalf("token %q: %v", l.Token(), err)
+		}
+		if u.Version() != 4 || u.Variant() != uuid.RFC4122 {
+			t.Fatalf("token %q is version %v variant %v, want a random UUIDv4", l.Token(), u.Version(), u.Variant())
+		}
+		if l.Token() != u.String() {
+			t.Fatalf("token %q is not in canonical form", l.Token())
+		}
+		if seen[l.Token()] {
+			t.Fatalf("token %q repeated", l.Token())
+		}
+		seen[l.Token()] = true
+	}
+}
+
+func TestAcquireKeyLayout(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	key := Key("app:", "idem", "order-42")
+	l := mustAcquire(t, New(rdb, nil), key, Options{TTL: time.Minute})
+
+	if l.Key() != key {
+		t.Fatalf("Lock.Key = %q, want %q", l.Key(), key)
+	}
+	if got := rdb.Get(ctx, key).Val(); got != l.Token() {
+		t.Fatalf("GET %s = %q, want the token %q", key, got, l.Token())
+	}
+	if typ := rdb.Type(ctx, key).Val(); typ != "string" {
+		t.Fatalf("TYPE lock = %q", typ)
+	}
+	if pttl := rdb.PTTL(ctx, key).Val(); pttl <= 50*time.Second || pttl > time.Minute {
+		t.Fatalf("lock PTTL = %v, want about 1m", pttl)
+	}
+	fk := FenceKey(key)
+	n, err := rdb.Get(ctx, fk).Int64()
+	if err != nil || n != l.Fence() {
+		t.Fatalf("GET %s = %d, %v; want the fence %d", fk, n, err, l.Fence())
+	}
+	if hashTag(key) == "" || hashTag(key) != hashTag(fk) {
+		t.Fatalf("lock %q and counter %q do not share a hash tag", key, fk)
+	}
+	// Default counter lifetime: 7 days.
+	if pttl := rdb.PTTL(ctx, fk).Val(); pttl < DefaultFenceTTL-time.Minute || pttl > DefaultFenceTTL {
+		t.Fatalf("counter PTTL = %v, want about %v", pttl, DefaultFenceTTL)
+	}
+	// Only the two keys exist.
+	keys := rdb.Keys(ctx, "*").Val()
+	if len(keys) != 2 {
+		t.Fatalf("keys in Redis: %v, want the lock and its counter", keys)
+	}
+}
+
+func TestAcquireRefreshesFenceTTL(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	const fenceTTL = time.Hour
+	c := New(rdb, &Config{FenceTTL: fenceTTL})
+	key := testKey(t)
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	fk := FenceKey(key)
+	if pttl := rdb.PTTL(ctx, fk).Val(); pttl < fenceTTL-time.Minute || pttl > fenceTTL {
+		t.Fatalf("counter PTTL = %v, want about %v", pttl, fenceTTL)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Shorten the counter's life; the next acquire sets it back.
+	rdb.PExpire(ctx, fk, 10*time.Second)
+	mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if pttl := rdb.PTTL(ctx, fk).Val(); pttl < fenceTTL-time.Minute {
+		t.Fatalf("counter PTTL after acquire = %v, want refreshed to about %v", pttl, fenceTTL)
+	}
+}
+
+func TestRawNamesNotInRedisKeys(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(rdb, nil)
+	const scope, name = "myscope", "customer-secret-Name"
+	l := mustAcquire(t, c, Key(DefaultPrefix, scope, name), Options{TTL: time.Minute})
+	keys := rdb.Keys(ctx, "*").Val()
+	if len(keys) == 0 {
+		t.Fatal("no keys in Redis")
+	}
+	for _, k := range keys {
+		for _, raw := range []string{scope, name, strings.ToLower(name)} {
+			if strings.Contains(k, raw) {
+				t.Fatalf("Redis key %q contains the raw %q", k, raw)
+			}
+		}
+		if !strings.HasPrefix(k, DefaultPrefix+"{") {
+			t.Fatalf("Redis key %q lacks the prefix", k)
+		}
+	}
+	_ = l
+}
+
+func TestFenceStrictlyIncreases(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(rdb, nil)
+	key := testKey(t)
+	var last int64
+	cycle := func(when string) {
+		t.Helper()
+		l, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("%s: fence %d after %d, want strictly larger", when, l.Fence(), last)
+		}
+		last = l.Fence()
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("%s: release: %v", when, err)
+		}
+	}
+	for i := range 200 {
+		cycle("cycle " + strconv.Itoa(i))
+	}
+	// The counter is forced away: the next token is still larger.
+	for i := range 5 {
+		if err := rdb.Del(ctx, FenceKey(key)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cycle("after DEL " + strconv.Itoa(i))
+		cycle("after DEL, again")
+	}
+	// Each key has its own counter, and a new key also starts above zero.
+	other := mustAcquire(t, c, key+"-other", Options{TTL: time.Minute})
+	if other.Fence() <= 0 {
+		t.Fatalf("fence of a new key = %d", other.Fence())
+	}
+}
+
+func TestFenceIncreasesAfterCounterExpired(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	// A counter that lives 150ms: it expires between the cycles below.
+	c := New(rdb, &Config{FenceTTL: 150 * time.Millisecond})
+	key := testKey(t)
+	var last int64
+	for i := range 3 {
+		l, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("cycle %d: fence %d after %d", i, l.Fence(), last)
+		}
+		last = l.Fence()
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "counter key expired", func() bool {
+			return rdb.Exists(ctx, FenceKey(key)).Val() == 0
+		})
+	}
+}
+
+// A retried acquire (same token; the first reply was lost) succeeds and does
+// not issue a second fencing token.
+func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(rdb, nil)
+	key := testKey(t)
+	token := uuid.NewString()
+	f1, _, ok, err := c.acquireOnce(ctx, key, token, time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("first acquire: ok=%v err=%v", ok, err)
+	}
+	f2, _, ok, err := c.acquireOnce(ctx, key, token, time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("retried acquire: ok=%v err=%v", ok, err)
+	}
+	if f2 != f1 {
+		t.Fatalf("retried acquire got fence %d, first %d: a second token was issued", f2, f1)
+	}
+	if n, _ := rdb.Get(ctx, FenceKey(key)).Int64(); n != f1 {
+		t.Fatalf("counter = %d after retry, want %d", n, f1)
+	}
+	// Another token is still refused.
+	if _, _, ok, err := c.acquireOnce(ctx, key, uuid.NewString(), time.Minute); ok || err != nil {
+		t.Fatalf("other token: ok=%v err=%v", ok, err)
+	}
+	// The retry refreshed the lease.
+	rdb.PExpire(ctx, key, 5*time.Second)
+	if _, _, ok, _ := c.acquireOnce(ctx, key, token, time.Minute); !ok {
+		t.Fatal("third retry failed")
+	}
+	if pttl := rdb.PTTL(ctx, key).Val(); pttl < 50*time.Second {
+		t.Fatalf("retry did not reset the lease: PTTL %v", pttl)
+	}
+}
+
+// Checks the retry property on the .lua file itself, as Redis runs it.
+func TestAcquireScriptFileRetry(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	src := readScript(t, "acquire.lua")
+	key := testKey(t)
+	keys := []string{key, FenceKey(key)}
+	run := func(token string) []int64 {
+		t.Helper()
+		res, err := rdb.Eval(ctx, src, keys, token, 60000, 3600000).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	tok := uuid.NewString()
+	a, b := run(tok), run(tok)
+	if a[0] != 1 || b[0] != 1 || a[1] != b[1] {
+		t.Fatalf("same token twice: %v then %v, want {1, f} twice with the same f", a, b)
+	}
+	if c := run(uuid.NewString()); c[0] != 0 || c[1] <= 0 || c[1] > 60000 {
+		t.Fatalf("other token: %v, want {0, pttl}", c)
+	}
+	if err := rdb.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d := run(uuid.NewString()); d[0] != 1 || d[1] <= a[1] {
+		t.Fatalf("after release: %v, want {1, > %d}", d, a[1])
+	}
+}
+

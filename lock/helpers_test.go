@@ -1,0 +1,121 @@
+package lock
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+)
+
+// startRedis starts a real redis-server for t and returns it with a client.
+func startRedis(t testing.TB) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, newRDB(t, srv.Addr)
+}
+
+// newRDB returns a go-redis client that honours context deadlines, as New's
+// documentation asks, closed when t ends.
+func newRDB(t testing.TB, addr string, hooks ...redis.Hook) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           time.Second,
+	})
+	for _, h := range hooks {
+		rdb.AddHook(h)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// ctxT is a context for one test step, generous so a busy machine never
+// trips it, cancelled when t ends.
+func ctxT(t testing.TB) context.Context {
+	return redistest.Context(t, 20*time.Second)
+}
+
+// cmdCounter is a go-redis hook that records every command the client sends,
+// to count round trips.
+type cmdCounter struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.add(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *cmdCounter) add(cmd redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cmds = append(c.cmds, strings.ToLower(cmd.Name()))
+}
+
+// take returns the commands recorded since the last take.
+func (c *cmdCounter) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.cmds
+	c.cmds = nil
+	return out
+}
+
+// eventually polls cond until it holds or d passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitDone waits up to d for ctx to end and returns how long that took.
+func waitDone(t testing.TB, ctx context.Context, d time.Duration) bool {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// mustAcquire acquires key or fails the test.
+func mustAcquire(t testing.TB, c *Client, key string, opt Options) *Lock {
+	t.Helper()
+	l, err := c.Acquire(ctxT(t), key, opt)
+	if err != nil {
+		t.Fatalf("Acquire(%s): %v", key, err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	return l
+}
+
+// testKey is a lock key unique to t.
+func testKey(t testing.TB) string {
+	return Key("test:", "lock", t.Name())
+}

@@ -1,0 +1,112 @@
+package lock
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// readScript reads a .lua file of the package as shipped.
+func readScript(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestScriptsAreTheEmbeddedFiles(t *testing.T) {
+	for _, tc := range []struct {
+		file   string
+		src    string
+		script *redis.Script
+	}{
+		{"acquire.lua", acquireSrc, acquireScript},
+		{"release.lua", releaseSrc, releaseScript},
+		{"refresh.lua", refreshSrc, refreshScript},
+	} {
+		file := readScript(t, tc.file)
+		if file == "" || tc.src != file {
+			t.Errorf("%s: embedded source differs from the file", tc.file)
+		}
+		sum := sha1.Sum([]byte(file))
+		if tc.script.Hash() != hex.EncodeToString(sum[:]) {
+			t.Errorf("%s: script hash %s is not the file's SHA1", tc.file, tc.script.Hash())
+		}
+	}
+	// Refresh is PEXPIRE on a string key, never HEXPIRE (hash fields).
+	if !containsWord(refreshSrc, "PEXPIRE") || containsWord(refreshSrc, "HEXPIRE") {
+		t.Error("refresh.lua must use PEXPIRE, not HEXPIRE")
+	}
+}
+
+func containsWord(src, w string) bool {
+	return strings.Contains(src, "'"+w+"'") || strings.Contains(src, `"`+w+`"`)
+}
+
+// After SCRIPT FLUSH (as after a failover) every call still works: EVALSHA
+// gets NOSCRIPT and the call falls back to EVAL, which reloads the script.
+func TestScriptFlushFallsBackToEval(t *testing.T) {
+	srv, admin := startRedis(t)
+	hook := &cmdCounter{}
+	c := New(newRDB(t, srv.Addr, hook), nil)
+	ctx := ctxT(t)
+	key := testKey(t)
+	flush := func() {
+		t.Helper()
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		hook.take()
+	}
+	wantFallback := func(what string) {
+		t.Helper()
+		if cmds := hook.take(); !slices.Equal(cmds, []string{"evalsha", "eval"}) {
+			t.Fatalf("%s after SCRIPT FLUSH sent %v, want [evalsha eval]", what, cmds)
+		}
+	}
+
+	// Open the connection first: its handshake commands are not the subject.
+	if err := c.rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	l, err := c.Acquire(ctx, key, Options{TTL: time.Minute, Renew: NoRenew})
+	if err != nil {
+		t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
+	}
+	wantFallback("Acquire")
+	// EVAL loaded it again: the next call is one EVALSHA.
+	if _, err := c.Acquire(ctx, key, Options{TTL: time.Minute}); !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("contended Acquire: %v", err)
+	}
+	if cmds := hook.take(); !slices.Equal(cmds, []string{"evalsha"}) {
+		t.Fatalf("second Acquire sent %v", cmds)
+	}
+
+	flush()
+	if err := l.Refresh(ctx, 2*time.Minute); err != nil {
+		t.Fatalf("Refresh after SCRIPT FLUSH: %v", err)
+	}
+	wantFallback("Refresh")
+	if pttl := admin.PTTL(ctx, key).Val(); pttl <= time.Minute {
+		t.Fatalf("PTTL after Refresh = %v", pttl)
+	}
+
+	flush()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after SCRIPT FLUSH: %v", err)
+	}
+	wantFallback("Release")
+	if n := admin.Exists(ctx, key).Val(); n != 0 {
+		t.Fatal("lock still in Redis after Release")
+	}
+}
