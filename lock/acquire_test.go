@@ -381,4 +381,3 @@ func TestAcquireScriptFileRetry(t *testing.T) {
 		t.Fatalf("after release: %v, want {1, > %d}", d, a[1])
 	}
 }
-
