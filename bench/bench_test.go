@@ -46,7 +46,6 @@ var libs []struct {
 	c    cycler
 }
 
-
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
