@@ -35,7 +35,11 @@ func newLock(parent context.Context, c *Client, key, token string, fence int64, 
 	l.deadline = sent.Add(ttl - leaseMargin(ttl))
 	// One timer per lock: it fires at the first renewal, or at the deadline
 	// when not renewing, so a request shorter than that costs no goroutine.
-	// The first renewal is always due before the deadline.
+	// The first renewal is always due before the deadline. The timer may
+	// fire at once (a slow acquire reply), so l.timer is set under the
+	// mutex its callbacks take before they use it.
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if renew > 0 && renew < time.Until(l.deadline) {
 		l.timer = time.AfterFunc(renew, l.tick)
 	} else {
