@@ -202,11 +202,14 @@ func (c *Client) refresh(ctx context.Context, key, token string, ttl time.Durati
 // releaseToken deletes key if it still holds token, on a context detached from
 // the caller's cancellation and bounded by ReleaseTimeout.
 func (c *Client) releaseToken(ctx context.Context, key, token string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ReleaseTimeout)
+	detached := context.WithoutCancel(ctx)
+	rctx, cancel := context.WithTimeout(detached, c.cfg.ReleaseTimeout)
 	defer cancel()
-	n, err := releaseScript.Run(ctx, c.rdb, []string{key}, token).Int64()
+	n, err := releaseScript.Run(rctx, c.rdb, []string{key}, token).Int64()
 	if err != nil {
-		return classify(ctx, err)
+		// The caller's context cannot end a release; the release's own
+		// timeout passing means Redis did not answer: ErrUnavailable.
+		return classify(detached, err)
 	}
 	if n != 1 {
 		return ErrNotHeld

@@ -46,5 +46,10 @@ func classify(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// An internal deadline (release timeout, lease deadline), not the
+		// caller's: do not let it match the caller's context errors.
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
