@@ -13,15 +13,16 @@ type Lock struct {
 	key    string
 	token  string
 	fence  int64
-	ttl    time.Duration
+	ttl    time.Duration // the acquire TTL
 	renew  time.Duration // <= 0: no keep-alive
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
 	mu       sync.Mutex
-	deadline time.Time   // local lease deadline, monotonic
-	timer    *time.Timer // next renewal, or the deadline when not renewing
-	done     bool        // released or lost: the timer must not be re-armed
+	deadline time.Time     // local lease deadline, monotonic
+	lease    time.Duration // what the keep-alive renews to: ttl, or the last Refresh's
+	timer    *time.Timer   // next renewal, or the deadline when not renewing
+	done     bool          // released or lost: the timer must not be re-armed
 	inflight sync.WaitGroup
 }
 
@@ -31,7 +32,7 @@ func leaseMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Mill
 
 func newLock(parent context.Context, c *Client, key, token string, fence int64, ttl, renew time.Duration, sent time.Time) *Lock {
 	ctx, cancel := context.WithCancelCause(parent)
-	l := &Lock{c: c, key: key, token: token, fence: fence, ttl: ttl, renew: renew, ctx: ctx, cancel: cancel}
+	l := &Lock{c: c, key: key, token: token, fence: fence, ttl: ttl, renew: renew, ctx: ctx, cancel: cancel, lease: ttl}
 	l.deadline = sent.Add(ttl - leaseMargin(ttl))
 	// One timer per lock: it fires at the first renewal, or at the deadline
 	// when not renewing, so a request shorter than that costs no goroutine.
@@ -88,8 +89,28 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		}
 		return err
 	}
-	l.extend(sent, ttl)
+	l.setLease(sent, ttl)
 	return nil
+}
+
+// setLease makes ttl the lease after a Refresh. Redis now expires the key at
+// about sent+ttl, earlier or later than before, so the local deadline follows
+// it both ways, and the keep-alive renews with ttl (at least every ttl/3)
+// instead of putting the old lease back.
+func (l *Lock) setLease(sent time.Time, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done {
+		return
+	}
+	l.lease = ttl
+	l.deadline = sent.Add(ttl - leaseMargin(ttl))
+	left := max(time.Until(l.deadline), 0)
+	if l.renew > 0 {
+		l.renew = max(min(l.renew, ttl/3), time.Millisecond)
+		left = min(left, l.renew)
+	}
+	l.timer.Reset(left)
 }
 
 // Release deletes the lock if it is still ours and stops the keep-alive. It
@@ -114,7 +135,7 @@ func (l *Lock) tick() {
 		l.mu.Unlock()
 		return
 	}
-	deadline := l.deadline
+	deadline, ttl, renew := l.deadline, l.lease, l.renew
 	l.inflight.Add(1)
 	l.mu.Unlock()
 	defer l.inflight.Done()
@@ -128,7 +149,7 @@ func (l *Lock) tick() {
 	lease := time.AfterFunc(time.Until(deadline), l.expire)
 	rctx, cancel := context.WithDeadline(l.ctx, deadline)
 	sent := time.Now()
-	err := l.c.refresh(rctx, l.key, l.token, l.ttl)
+	err := l.c.refresh(rctx, l.key, l.token, ttl)
 	cancel()
 	lease.Stop()
 	if l.c.cfg.OnRenew != nil && l.ctx.Err() == nil {
@@ -136,20 +157,21 @@ func (l *Lock) tick() {
 	}
 	switch {
 	case err == nil:
-		l.extend(sent, l.ttl)
-		l.rearm(l.renew)
+		l.extend(sent, ttl)
+		l.rearm(renew)
 	case errors.Is(err, ErrNotHeld):
 		l.lose(ErrNotHeld)
 	default:
-		l.rearm(max(l.renew/4, 10*time.Millisecond))
+		l.rearm(max(renew/4, 10*time.Millisecond))
 	}
 }
 
-// extend moves the local deadline to sent + ttl - margin.
+// extend moves the local deadline to sent + ttl - margin, unless a Refresh
+// set another lease while this renewal was in flight.
 func (l *Lock) extend(sent time.Time, ttl time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if d := sent.Add(ttl - leaseMargin(ttl)); !l.done && d.After(l.deadline) {
+	if d := sent.Add(ttl - leaseMargin(ttl)); !l.done && ttl == l.lease && d.After(l.deadline) {
 		l.deadline = d
 	}
 }

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -207,5 +208,59 @@ func TestRefreshAfterTakeoverIsNotHeld(t *testing.T) {
 	}
 	if rdb.Exists(ctx, key+"2").Val() != 0 {
 		t.Fatal("Refresh re-created a deleted lock")
+	}
+}
+
+// Refresh to a shorter lease: Redis expires the key sooner, so the local
+// deadline (and the context) must follow it down, not keep the old lease.
+func TestRefreshShorterLeaseMovesDeadlineEarlier(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	key := testKey(t)
+	l := mustAcquire(t, New(rdb, nil), key, Options{TTL: time.Minute, Renew: NoRenew})
+	const short = 300 * time.Millisecond
+	if err := l.Refresh(ctx, short); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	if d := l.Deadline(); d.After(after.Add(short)) {
+		t.Fatalf("Deadline %v after Refresh(%v) at %v: the local lease outlives Redis's", d, short, after)
+	}
+	if !waitDone(t, l.Context(), 3*time.Second) {
+		t.Fatal("context live long after the shortened lease")
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, ErrLeaseExpired) {
+		t.Fatalf("cause = %v, want ErrLeaseExpired", cause)
+	}
+}
+
+// Refresh to a longer lease on a renewing lock: the keep-alive keeps that
+// lease, and the local deadline never runs past Redis's expiry.
+func TestRefreshLongerLeaseWithKeepAlive(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	var renewals atomic.Int64
+	c := New(rdb, &Config{OnRenew: func(err error) {
+		if err == nil {
+			renewals.Add(1)
+		}
+	}})
+	key := testKey(t)
+	l := mustAcquire(t, c, key, Options{TTL: 300 * time.Millisecond})
+	if err := l.Refresh(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	n := renewals.Load()
+	eventually(t, 5*time.Second, "two renewals after Refresh", func() bool { return renewals.Load() >= n+2 })
+	pttl := rdb.PTTL(ctx, key).Val()
+	left := time.Until(l.Deadline())
+	if left > pttl+200*time.Millisecond {
+		t.Fatalf("local lease %v left, Redis PTTL %v: the context would outlive the key", left, pttl)
+	}
+	if pttl < 50*time.Second {
+		t.Fatalf("PTTL %v after renewals: the keep-alive dropped the 1m lease Refresh asked for", pttl)
+	}
+	if l.Context().Err() != nil {
+		t.Fatal(context.Cause(l.Context()))
 	}
 }
