@@ -1,0 +1,196 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// Results: values of {http.redis_lock.result} and of the result label of
+// caddy_redis_lock_requests_total (see Handler).
+const (
+	resultAcquired    = "acquired"
+	resultConflict    = "conflict"
+	resultBypassed    = "bypassed"
+	resultFailOpen    = "fail_open"
+	resultRejected    = "rejected"
+	resultUnavailable = "unavailable"
+	resultLost        = "lost"
+	resultCancelled   = "cancelled"
+	resultTooEarly    = "too_early"
+)
+
+// Placeholders the handler sets.
+const (
+	phKey    = "http.redis_lock.key"
+	phFence  = "http.redis_lock.fencing_token"
+	phResult = "http.redis_lock.result"
+)
+
+// ServeHTTP takes the lock for the request's key, calls next while holding
+// it, and releases it before the response completes.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		repl = caddy.NewReplacer()
+	}
+	if !h.FencingHeaderOff {
+		r.Header.Del(h.FencingHeader) // only this handler may set it
+	}
+	// Early data can be replayed by an attacker: never take a lock on it.
+	if r.TLS != nil && !r.TLS.HandshakeComplete {
+		return h.reject(w, repl, resultTooEarly, problemTooEarly)
+	}
+	if h.usesJSON {
+		body, err := readJSONBody(r, h.MaxBody)
+		switch {
+		case errors.Is(err, errBodyTooLarge):
+			return h.reject(w, repl, resultRejected, problemBodyTooLarge)
+		case err != nil && r.Context().Err() != nil:
+			h.count(repl, resultCancelled)
+			return nil
+		case err != nil:
+			return h.reject(w, repl, resultRejected, problemInvalidJSON)
+		}
+		repl.Map(jsonProvider(body))
+	}
+	scope, scopeMissing, err := h.scopeTmpl.expand(repl)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	key, keyMissing, err := h.keyTmpl.expand(repl)
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	if keyMissing || scopeMissing {
+		if h.MissingKey == MissingKeyPass {
+			h.count(repl, resultBypassed)
+			return next.ServeHTTP(w, r)
+		}
+		return h.reject(w, repl, resultRejected, problemMissingKey)
+	}
+
+	rkey := lock.Key(h.Prefix, scope, key)
+	repl.Set(phKey, rkey)
+	renew := time.Duration(h.Renew)
+	if h.RenewOff {
+		renew = lock.NoRenew
+	}
+	start := time.Now()
+	lk, err := h.locker.Acquire(r.Context(), rkey, lock.Options{
+		TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait),
+	})
+	if err == nil {
+		metrics.wait.Observe(time.Since(start).Seconds())
+		return h.serveLocked(w, r, next, repl, lk)
+	}
+	var notObtained *lock.NotObtainedError
+	switch {
+	case errors.As(err, &notObtained):
+		metrics.wait.Observe(time.Since(start).Seconds())
+		secs := int((notObtained.Remaining + time.Second - 1) / time.Second)
+		return h.reject(w, repl, resultConflict, problemConflict.withRetryAfter(secs))
+	case r.Context().Err() != nil:
+		h.count(repl, resultCancelled) // the client is gone: nobody to answer
+		return nil
+	case h.OnError == OnErrorFailOpen:
+		h.logger.Warn("redis unavailable: passing the request on unlocked (fail_open)",
+			zap.String("key", rkey), zap.Error(err))
+		h.count(repl, resultFailOpen)
+		return next.ServeHTTP(w, r)
+	default:
+		h.logger.Warn("redis unavailable: answering 503 (fail_closed)",
+			zap.String("key", rkey), zap.Error(err))
+		return h.reject(w, repl, resultUnavailable, problemUnavailable)
+	}
+}
+
+// serveLocked calls next while lk is held and releases lk before the last
+// byte of the response is written, whatever next does (returns, fails,
+// panics).
+func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
+	acquired := time.Now()
+	released := false
+	release := func() {
+		if released {
+			return
+		}
+		released = true
+		err := lk.Release(r.Context())
+		metrics.hold.Observe(time.Since(acquired).Seconds())
+		observeRelease(err)
+		if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			h.logger.Warn("releasing lock", zap.String("key", lk.Key()), zap.Error(err))
+		}
+	}
+	hw := newHoldWriter(w)
+	counted := false
+	defer func() {
+		if p := recover(); p != nil {
+			release()
+			hw.discard()
+			if !counted {
+				h.count(repl, resultAcquired)
+			}
+			panic(p)
+		}
+	}()
+
+	repl.Set(phFence, lk.Fence())
+	repl.Set(phResult, resultAcquired)
+	if !h.FencingHeaderOff {
+		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
+	}
+	req := r
+	if h.LostLock == LostLockAbort {
+		// Cancels the upstream request when the lock is lost.
+		req = r.WithContext(lk.Context())
+	}
+	nextErr := next.ServeHTTP(hw, req)
+
+	cause := context.Cause(lk.Context())
+	release()
+	if errors.Is(cause, lock.ErrNotHeld) {
+		metrics.lost.Inc()
+		h.logger.Warn("lock lost while the request was in flight",
+			zap.String("key", lk.Key()), zap.Int64("fencing_token", lk.Fence()),
+			zap.String("lost_lock", h.LostLock), zap.NamedError("cause", cause))
+		if h.LostLock == LostLockAbort {
+			if !hw.started {
+				// next's error is the cancellation this handler caused.
+				return h.reject(w, repl, resultLost, problemLockLost)
+			}
+			h.count(repl, resultLost)
+			counted = true
+			hw.discard()
+			panic(http.ErrAbortHandler) // the client must not see a complete-looking response
+		}
+		h.count(repl, resultLost)
+	} else if r.Context().Err() != nil {
+		h.count(repl, resultCancelled)
+	} else {
+		h.count(repl, resultAcquired)
+	}
+	_ = hw.finish() // a failed write means the client is gone
+	return nextErr
+}
+
+// reject answers with p and records result.
+func (h *Handler) reject(w http.ResponseWriter, repl *caddy.Replacer, result string, p problem) error {
+	h.count(repl, result)
+	return h.writeProblem(w, p)
+}
+
+// count sets {http.redis_lock.result} and counts the request.
+func (h *Handler) count(repl *caddy.Replacer, result string) {
+	repl.Set(phResult, result)
+	metrics.requests.WithLabelValues(result).Inc()
+}

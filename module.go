@@ -1,0 +1,309 @@
+// Package redislock is a Caddy HTTP handler, redis_lock, that takes a Redis
+// lock keyed from the request (an Idempotency-Key header, an order id in the
+// JSON body, ...) before the next handler runs, so that duplicate requests
+// arriving at any Caddy node are not processed twice: a duplicate that meets
+// a held lock gets 409 Conflict. The lock is renewed while the request is in
+// flight, its fencing token is sent upstream, and it is released before the
+// response completes. The lock itself lives in the lock package.
+package redislock
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Values of the enumerated options.
+const (
+	MissingKeyReject = "reject"
+	MissingKeyPass   = "pass"
+
+	OnErrorFailClosed = "fail_closed"
+	OnErrorFailOpen   = "fail_open"
+
+	LostLockAbort    = "abort"
+	LostLockContinue = "continue"
+
+	ErrorsRespond      = "respond"
+	ErrorsHandleErrors = "handle_errors"
+)
+
+// Defaults of the options.
+const (
+	DefaultTTL           = 10 * time.Second
+	DefaultPrefix        = lock.DefaultPrefix
+	DefaultFencingHeader = "Fencing-Token"
+	DefaultMaxBody       = 64 << 10
+)
+
+// Handler takes a Redis lock keyed from the request before calling the next
+// handler, and answers 409 Conflict while another request holds it.
+//
+// Placeholders it sets for logs, headers and later handlers:
+//
+//   - {http.redis_lock.key}: the Redis key of the lock (hashed: never the raw
+//     request data);
+//   - {http.redis_lock.fencing_token}: the lock's fencing token;
+//   - {http.redis_lock.result}: what happened to the request, one of
+//     acquired (lock held, request passed on), conflict (409), bypassed
+//     (missing key with missing_key pass: passed on unlocked), fail_open
+//     (Redis unavailable with on_error fail_open: passed on unlocked),
+//     rejected (400 or 413: key missing, body not JSON or too large),
+//     unavailable (503: Redis unavailable), lost (the lock was lost while
+//     the request was in flight), cancelled (the client went away first),
+//     too_early (425: TLS early data).
+//
+// The same values label the caddy_redis_lock_requests_total metric.
+type Handler struct {
+	// Key is the template of the lock's name: Caddy placeholders such as
+	// {http.request.header.Idempotency-Key}, plus
+	// {http.redis_lock.json.<path>} for fields of a JSON request body
+	// (dotted path, array indices as numbers: items.0.sku). The key is
+	// missing when any placeholder in it expands to nothing. Required.
+	Key string `json:"key,omitempty"`
+
+	// TTL is the lease of the lock. Default: 10s.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+
+	// Renew is the keep-alive interval while the request is in flight.
+	// Default: TTL/3.
+	Renew caddy.Duration `json:"renew,omitempty"`
+
+	// RenewOff turns the keep-alive off: the lease ends after TTL even
+	// while the request is still in flight (Caddyfile: renew off).
+	RenewOff bool `json:"renew_off,omitempty"`
+
+	// Wait is how long to wait for a held lock before answering 409.
+	// Default: 0 (do not wait).
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// Prefix of the Redis keys. Default: "redis_lock:".
+	Prefix string `json:"prefix,omitempty"`
+
+	// Scope is a template (same placeholders as Key) hashed into the key
+	// together with it, for example a tenant:
+	// {http.request.header.Authorization}. Default: empty.
+	Scope string `json:"scope,omitempty"`
+
+	// MissingKey is what happens when the key is missing: "reject" answers
+	// 400, "pass" passes the request on unlocked. Default: "reject".
+	MissingKey string `json:"missing_key,omitempty"`
+
+	// OnError is what happens when Redis is unavailable: "fail_closed"
+	// answers 503 with Retry-After: 1, "fail_open" logs a warning and passes
+	// the request on unlocked. Default: "fail_closed".
+	OnError string `json:"on_error,omitempty"`
+
+	// LostLock is what happens when the lock is lost while the request is in
+	// flight: "abort" cancels the upstream request and answers 503 (or
+	// aborts a response already started), "continue" only logs and counts.
+	// Default: "abort".
+	LostLock string `json:"lost_lock,omitempty"`
+
+	// FencingHeader is the request header that carries the fencing token
+	// upstream; a value sent by the client is always removed. Default:
+	// "Fencing-Token".
+	FencingHeader string `json:"fencing_header,omitempty"`
+
+	// FencingHeaderOff turns the fencing header off (Caddyfile:
+	// fencing_header off).
+	FencingHeaderOff bool `json:"fencing_header_off,omitempty"`
+
+	// MaxBody is how many bytes of the request body are read when the key
+	// or scope uses {http.redis_lock.json.*}; a larger body gets 413.
+	// Default: 65536 (64KiB).
+	MaxBody int64 `json:"max_body,omitempty"`
+
+	// Errors is how error responses are produced: "respond" writes an RFC
+	// 9457 application/problem+json body, "handle_errors" returns the error
+	// (with the same status and headers) to the site's handle_errors
+	// routes. Default: "respond".
+	Errors string `json:"errors,omitempty"`
+
+	// Redis is the connection to Redis. Default: standalone at
+	// 127.0.0.1:6379.
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// Idempotency stores finished responses and replays them to later
+	// duplicates. Not supported yet: configuring it is an error.
+	Idempotency *IdempotencyConfig `json:"idempotency,omitempty"`
+
+	locker    lock.Locker
+	poolKey   string
+	logger    *zap.Logger
+	keyTmpl   template
+	scopeTmpl template
+	usesJSON  bool
+}
+
+// IdempotencyConfig configures storing and replaying finished responses.
+// It is parsed but not supported yet.
+type IdempotencyConfig struct {
+	// Retention is how long a finished response is kept. Default: 24h.
+	Retention caddy.Duration `json:"retention,omitempty"`
+	// Fingerprint lists the request parts that must match for a replay:
+	// method, path, query, body. Default: method, path, body.
+	Fingerprint []string `json:"fingerprint,omitempty"`
+	// FingerprintHeaders lists request headers that are part of the
+	// fingerprint.
+	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
+	// MaxResponse is the largest response stored. Default: 1MiB.
+	MaxResponse int64 `json:"max_response,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.redis_lock",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision applies defaults and gets a Redis client from the shared pool.
+// It never contacts Redis, so `caddy validate` works while Redis is down.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.applyDefaults()
+	h.keyTmpl = parseTemplate(h.Key)
+	h.scopeTmpl = parseTemplate(h.Scope)
+	h.usesJSON = h.keyTmpl.usesJSON || h.scopeTmpl.usesJSON
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("redis_lock: %w", err)
+	}
+
+	rc, err := h.Redis.resolve()
+	if err != nil {
+		return fmt.Errorf("redis_lock: %w", err)
+	}
+	rdb, key, err := acquireClient(rc)
+	if err != nil {
+		return fmt.Errorf("redis_lock: %w", err)
+	}
+	h.poolKey = key
+	h.locker = lock.New(rdb, &lock.Config{OnRenew: observeRenew})
+	h.logger.Debug("redis_lock provisioned",
+		zap.Object("redis", rc), zap.Duration("ttl", time.Duration(h.TTL)))
+	return nil
+}
+
+// applyDefaults fills in every option left unset.
+func (h *Handler) applyDefaults() {
+	if h.TTL == 0 {
+		h.TTL = caddy.Duration(DefaultTTL)
+	}
+	if h.Prefix == "" {
+		h.Prefix = DefaultPrefix
+	}
+	if h.MissingKey == "" {
+		h.MissingKey = MissingKeyReject
+	}
+	if h.OnError == "" {
+		h.OnError = OnErrorFailClosed
+	}
+	if h.LostLock == "" {
+		h.LostLock = LostLockAbort
+	}
+	if h.FencingHeader == "" && !h.FencingHeaderOff {
+		h.FencingHeader = DefaultFencingHeader
+	}
+	if h.MaxBody == 0 {
+		h.MaxBody = DefaultMaxBody
+	}
+	if h.Errors == "" {
+		h.Errors = ErrorsRespond
+	}
+	if h.Redis == nil {
+		h.Redis = new(RedisConfig)
+	}
+}
+
+// Validate checks the configuration.
+func (h *Handler) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(h.Key != "", "key is required")
+	check(h.TTL > 0, "ttl must be positive, got %v", time.Duration(h.TTL))
+	check(h.Renew >= 0, "renew must not be negative, got %v", time.Duration(h.Renew))
+	check(h.Renew == 0 || h.Renew < h.TTL, "renew (%v) must be shorter than ttl (%v)", time.Duration(h.Renew), time.Duration(h.TTL))
+	check(h.Renew == 0 || !h.RenewOff, "renew and renew_off are mutually exclusive")
+	check(h.Wait >= 0, "wait must not be negative, got %v", time.Duration(h.Wait))
+	check(h.MaxBody > 0, "max_body must be positive, got %d", h.MaxBody)
+	check(h.MissingKey == MissingKeyReject || h.MissingKey == MissingKeyPass,
+		"missing_key must be %s or %s, got %q", MissingKeyReject, MissingKeyPass, h.MissingKey)
+	check(h.OnError == OnErrorFailClosed || h.OnError == OnErrorFailOpen,
+		"on_error must be %s or %s, got %q", OnErrorFailClosed, OnErrorFailOpen, h.OnError)
+	check(h.LostLock == LostLockAbort || h.LostLock == LostLockContinue,
+		"lost_lock must be %s or %s, got %q", LostLockAbort, LostLockContinue, h.LostLock)
+	check(h.Errors == ErrorsRespond || h.Errors == ErrorsHandleErrors,
+		"errors must be %s or %s, got %q", ErrorsRespond, ErrorsHandleErrors, h.Errors)
+	check(h.FencingHeaderOff || validHeaderName(h.FencingHeader), "fencing_header %q is not a valid header name", h.FencingHeader)
+	check(h.Idempotency == nil, "idempotency is not supported yet")
+	if h.Redis != nil {
+		if err := h.Redis.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redis_lock: %w", err)
+	}
+	return nil
+}
+
+// Cleanup gives the Redis client back to the shared pool; the last user
+// closes it.
+func (h *Handler) Cleanup() error {
+	if h.poolKey == "" {
+		return nil
+	}
+	key := h.poolKey
+	h.poolKey = ""
+	return releaseClient(key)
+}
+
+// validHeaderName reports whether s is a valid HTTP field name (RFC 9110 token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c < 128 && c > ' ' && !isSeparator(c):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isSeparator(c byte) bool {
+	switch c {
+	case '(', ')', '<', '>', '@', ',', ';', ':', '\\', '"', '/', '[', ']', '?', '=', '{', '}', 0x7f:
+		return true
+	}
+	return false
+}
+
+// Interface guards.
+var (
+	_ caddy.Module                = (*Handler)(nil)
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

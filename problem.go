@@ -1,0 +1,78 @@
+package redislock
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// problemTypeBase starts the stable type URIs of the problem bodies.
+const problemTypeBase = "https://github.com/reqlock/caddy-redis-lock#"
+
+// problem is an RFC 9457 problem the handler answers with.
+type problem struct {
+	slug       string // the type URI's fragment
+	status     int
+	title      string
+	detail     string
+	retryAfter int // seconds; 0: no Retry-After
+}
+
+// The handler's problems. Details never name Redis internals or the key.
+var (
+	problemConflict = problem{slug: "conflict", status: http.StatusConflict, title: "Request in progress",
+		detail: "Another request with the same key is being processed; retry later."}
+	problemMissingKey = problem{slug: "missing-key", status: http.StatusBadRequest, title: "Missing request key",
+		detail: "The request does not carry the value this endpoint is keyed by."}
+	problemInvalidJSON = problem{slug: "invalid-json", status: http.StatusBadRequest, title: "Invalid JSON body",
+		detail: "The request body must be a JSON document."}
+	problemBodyTooLarge = problem{slug: "body-too-large", status: http.StatusRequestEntityTooLarge, title: "Request body too large",
+		detail: "The request body is larger than this endpoint reads to find its key."}
+	problemUnavailable = problem{slug: "unavailable", status: http.StatusServiceUnavailable, title: "Service unavailable",
+		detail: "The request could not be coordinated right now; retry later.", retryAfter: 1}
+	problemLockLost = problem{slug: "lock-lost", status: http.StatusServiceUnavailable, title: "Lock lost",
+		detail: "The request could not be completed safely and was cancelled; retry later.", retryAfter: 1}
+	problemTooEarly = problem{slug: "too-early", status: http.StatusTooEarly, title: "Too early",
+		detail: "This request may not be sent as TLS early data; retry after the handshake."}
+)
+
+// withRetryAfter returns p with a Retry-After of secs seconds, at least 1.
+func (p problem) withRetryAfter(secs int) problem {
+	p.retryAfter = max(secs, 1)
+	return p
+}
+
+// problemJSON is the wire form of a problem.
+type problemJSON struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// writeProblem answers with p: a problem+json body in respond mode, or
+// caddyhttp.Error for the site's handle_errors routes, with the same status
+// and headers either way.
+func (h *Handler) writeProblem(w http.ResponseWriter, p problem) error {
+	hdr := w.Header()
+	hdr.Set("Cache-Control", "no-store")
+	if p.retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(p.retryAfter))
+	}
+	if h.Errors == ErrorsHandleErrors {
+		return caddyhttp.Error(p.status, errors.New("redis_lock: "+p.slug+": "+p.title))
+	}
+	body, err := json.Marshal(problemJSON{Type: problemTypeBase + p.slug, Title: p.title, Status: p.status, Detail: p.detail})
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	hdr.Set("Content-Type", "application/problem+json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.status)
+	_, _ = w.Write(body)
+	return nil
+}

@@ -1,0 +1,98 @@
+package redislock
+
+import (
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// holdWriter passes the response through but holds back its last body byte,
+// so that the lock can be released before the client has the complete
+// response: a client that has its answer can retry at once without meeting
+// its own lock. It never buffers more than one byte.
+type holdWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	held    byte
+	holding bool
+	started bool // status line or body bytes passed to the client side
+}
+
+func newHoldWriter(w http.ResponseWriter) *holdWriter {
+	return &holdWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+}
+
+// WriteHeader passes the status on; informational (1xx) ones do not start
+// the response.
+func (w *holdWriter) WriteHeader(status int) {
+	if status >= 200 || status == http.StatusSwitchingProtocols {
+		w.started = true
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// Write writes all but the last byte of p, after any byte held before.
+func (w *holdWriter) Write(p []byte) (int, error) {
+	w.started = true
+	if len(p) == 0 {
+		return w.ResponseWriter.Write(p)
+	}
+	if err := w.writeHeld(); err != nil {
+		return 0, err
+	}
+	if len(p) > 1 {
+		if n, err := w.ResponseWriter.Write(p[:len(p)-1]); err != nil {
+			return n, err
+		}
+	}
+	w.held, w.holding = p[len(p)-1], true
+	return len(p), nil
+}
+
+// writeHeld writes the held byte, if any.
+func (w *holdWriter) writeHeld() error {
+	if !w.holding {
+		return nil
+	}
+	w.holding = false
+	_, err := w.ResponseWriter.Write([]byte{w.held})
+	return err
+}
+
+// ReadFrom copies through Write, so the wrapped writer's own ReadFrom (which
+// would bypass the held byte) is never used.
+func (w *holdWriter) ReadFrom(r io.Reader) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	return io.CopyBuffer(writerOnly{w}, r, *bp)
+}
+
+// FlushError writes the held byte and flushes: a streaming handler wants
+// everything written so far at the client.
+func (w *holdWriter) FlushError() error {
+	w.started = true
+	if err := w.writeHeld(); err != nil {
+		return err
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for callers that use http.Flusher.
+func (w *holdWriter) Flush() { _ = w.FlushError() }
+
+// finish writes the held byte: called once the lock is released.
+func (w *holdWriter) finish() error { return w.writeHeld() }
+
+// discard drops the held byte, so an aborted response stays incomplete.
+func (w *holdWriter) discard() { w.holding = false }
+
+// writerOnly hides holdWriter's ReadFrom from io.CopyBuffer.
+type writerOnly struct{ io.Writer }
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+var (
+	_ http.Flusher  = (*holdWriter)(nil)
+	_ io.ReaderFrom = (*holdWriter)(nil)
+)
