@@ -61,6 +61,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer srv.Close()
+	redisPID = findRedisPID(srv.Port)
 
 	rl, err := newRueidis(srv.Addr)
 	if err != nil {
@@ -105,6 +106,7 @@ func BenchmarkSerial(b *testing.B) {
 			key := "bench:" + l.name + ":serial"
 			warm(b, l.c, key)
 			b.ReportAllocs()
+			cpu := startCPU(b)
 			b.ResetTimer()
 			for b.Loop() {
 				ok, err := l.c.cycle(ctx, key)
@@ -112,6 +114,8 @@ func BenchmarkSerial(b *testing.B) {
 					b.Fatalf("cycle: obtained=%v err=%v", ok, err)
 				}
 			}
+			b.StopTimer()
+			cpu.report()
 		})
 	}
 }
@@ -125,6 +129,7 @@ func BenchmarkParallelDistinct(b *testing.B) {
 			warm(b, l.c, "bench:"+l.name+":warm")
 			b.SetParallelism(32)
 			b.ReportAllocs()
+			cpu := startCPU(b)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				ctx := context.Background()
@@ -137,6 +142,8 @@ func BenchmarkParallelDistinct(b *testing.B) {
 					}
 				}
 			})
+			b.StopTimer()
+			cpu.report()
 		})
 	}
 }
@@ -151,6 +158,7 @@ func BenchmarkHotKey(b *testing.B) {
 			var obtained, refused atomic.Int64
 			b.SetParallelism(32)
 			b.ReportAllocs()
+			cpu := startCPU(b)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				ctx := context.Background()
@@ -168,6 +176,7 @@ func BenchmarkHotKey(b *testing.B) {
 				}
 			})
 			b.StopTimer()
+			cpu.report()
 			if n := obtained.Load() + refused.Load(); n > 0 {
 				b.ReportMetric(float64(obtained.Load())/float64(n), "obtained/op")
 			}
@@ -271,7 +280,9 @@ func (r *redsyncCycler) close() {}
 
 // rueidislock: github.com/redis/rueidis/rueidislock with one key per lock
 // (KeyMajority 1; its default of 2 takes 2 of 3 keys on the same server),
-// which also keeps its lock alive until released.
+// which also keeps its lock alive until released. Its per-key acquire timeout
+// (TryNextAfter, default 20ms) is raised to 1s like the others' command
+// timeouts: 20ms fails under load on a shared 2-core machine.
 type rueidisCycler struct {
 	l rueidislock.Locker
 }
@@ -281,6 +292,7 @@ func newRueidis(addr string) (*rueidisCycler, error) {
 		ClientOption: rueidis.ClientOption{InitAddress: []string{addr}},
 		KeyMajority:  1,
 		KeyValidity:  ttl,
+		TryNextAfter: time.Second,
 	})
 	if err != nil {
 		return nil, err
