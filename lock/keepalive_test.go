@@ -314,3 +314,40 @@ func TestNoGoroutineOutlivesLock(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// When the context given to Acquire ends, the lock's context ends with it
+// and the keep-alive stops instead of retrying until the lease deadline.
+func TestKeepAliveStopsWhenCallerContextEnds(t *testing.T) {
+	srv, _ := startRedis(t)
+	hook := &cmdCounter{}
+	rdb := newRDB(t, srv.Addr, hook)
+	c := New(rdb, nil)
+	key := testKey(t)
+	actx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const renew = 50 * time.Millisecond
+	l, err := c.Acquire(actx, key, Options{TTL: 5 * time.Second, Renew: renew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if !waitDone(t, l.Context(), time.Second) {
+		t.Fatal("lock context live after the caller's context ended")
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, context.Canceled) {
+		t.Fatalf("cause = %v, want the caller's context.Canceled", cause)
+	}
+	time.Sleep(2 * renew) // at most one tick may already be under way
+	hook.take()
+	time.Sleep(10 * renew)
+	if cmds := hook.take(); len(cmds) != 0 {
+		t.Fatalf("keep-alive still running after the caller's context ended: %d commands", len(cmds))
+	}
+	// Release still frees the key.
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if rdb.Exists(context.Background(), key).Val() != 0 {
+		t.Fatal("key left after Release")
+	}
+}

@@ -131,7 +131,11 @@ func (l *Lock) Release(ctx context.Context) error {
 // a failure, retry sooner until the local deadline passes.
 func (l *Lock) tick() {
 	l.mu.Lock()
-	if l.done {
+	if l.done || l.ctx.Err() != nil {
+		// Released, lost, or the caller's context ended: renewing for a
+		// caller that is gone would only fail (or hold the key) until the
+		// deadline. Release still deletes the key.
+		l.done = true
 		l.mu.Unlock()
 		return
 	}
