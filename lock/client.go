@@ -69,6 +69,8 @@ type Config struct {
 type Client struct {
 	rdb redis.UniversalClient
 	cfg Config
+	// fenceTTLArg is cfg.FenceTTL in ms, boxed once rather than per acquire.
+	fenceTTLArg any
 }
 
 // New returns a Client. For context deadlines to bound each call, create rdb
@@ -86,6 +88,7 @@ func New(rdb redis.UniversalClient, cfg *Config) *Client {
 	if c.cfg.ReleaseTimeout <= 0 {
 		c.cfg.ReleaseTimeout = DefaultReleaseTimeout
 	}
+	c.fenceTTLArg = c.cfg.FenceTTL.Milliseconds()
 	return c
 }
 
@@ -170,19 +173,28 @@ const (
 // acquireOnce runs the acquire script: the lock and its fencing token, or the
 // holder's remaining lease.
 func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Duration) (fence int64, remaining time.Duration, ok bool, err error) {
+	// Slice, not Int64Slice: the reply is read in place, without a copy.
 	res, err := acquireScript.Run(ctx, c.rdb, []string{key, FenceKey(key)},
-		token, ttl.Milliseconds(), c.cfg.FenceTTL.Milliseconds()).Int64Slice()
+		token, ttl.Milliseconds(), c.fenceTTLArg).Slice()
 	if err != nil {
 		return 0, 0, false, classify(ctx, err)
 	}
-	if len(res) != 2 {
+	var won, n int64
+	okReply := len(res) == 2
+	if okReply {
+		var ok0, ok1 bool
+		won, ok0 = res[0].(int64)
+		n, ok1 = res[1].(int64)
+		okReply = ok0 && ok1
+	}
+	if !okReply {
 		return 0, 0, false, classify(ctx, errors.New("unexpected reply from acquire script"))
 	}
-	if res[0] == 1 {
-		return res[1], 0, true, nil
+	if won == 1 {
+		return n, 0, true, nil
 	}
-	if res[1] > 0 {
-		remaining = time.Duration(res[1]) * time.Millisecond
+	if n > 0 {
+		remaining = time.Duration(n) * time.Millisecond
 	}
 	return 0, remaining, false, nil
 }
