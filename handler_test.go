@@ -1,0 +1,872 @@
+package redislock
+
+// Acceptance tests of the redis_lock handler through Caddy itself (an
+// in-process Caddy loaded from a Caddyfile, see harness_test.go), against a
+// real redis-server: the rows of DESIGN.md's "Responses" table (all but the
+// idempotency rows), fencing tokens, placeholders, release, metrics, reloads
+// and handle_errors.
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// headerKeySite is the simplest locked site: /pay* keyed by Idempotency-Key.
+func headerKeySite(redisAddr, backend, extra string) string {
+	return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+%s
+	}
+	reverse_proxy %s`, redisAddr, extra, backend)
+}
+
+// gate is a backend behaviour that blocks the first n requests until opened
+// (or until their context ends), so that a test controls how long a lock is
+// held.
+type gate struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+
+func TestConflictWhileHeldByAnotherNode(t *testing.T) {
+	t.Parallel()
+	_, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, headerKeySite(rdb.Options().Addr, be.hostPort(), ""), siteOptions{})
+
+	holdLock(t, rdb, defaultKey("held-1"), 4500*time.Millisecond)
+	r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "held-1")
+	expectProblem(t, r, http.StatusConflict)
+	if n := retryAfter(t, r); n > 5 {
+		t.Errorf("Retry-After = %d, want the remaining lease (<= 5s)", n)
+	}
+	if be.count() != 0 {
+		t.Fatalf("backend called %d times while the lock was held", be.count())
+	}
+
+	// A lease with less than a second left still says at least 1.
+	var last *response
+	for range 5 { // on a very slow machine the short lease may expire first
+		holdLock(t, rdb, defaultKey("held-2"), 700*time.Millisecond)
+		last = s.do("POST", "/pay", `{}`, "Idempotency-Key", "held-2")
+		if last.Status == http.StatusConflict {
+			break
+		}
+	}
+	expectProblem(t, last, http.StatusConflict)
+	if n := retryAfter(t, last); n != 1 {
+		t.Errorf("Retry-After = %d for a lease under 1s, want 1", n)
+	}
+
+	// Another key and unmatched paths are not affected.
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "free"); r.Status != 200 {
+		t.Fatalf("free key: %s", r)
+	}
+	if r := s.do("GET", "/other", "", "Idempotency-Key", "held-1"); r.Status != 200 {
+		t.Fatalf("unmatched path: %s", r)
+	}
+}
+
+func TestConflictWhileRequestInFlight(t *testing.T) {
+	t.Parallel()
+	_, rdb := newRedis(t)
+	g := newGate()
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, _ seen) {
+		select {
+		case <-g.ch:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "charged")
+	})
+	t.Cleanup(g.open)
+	s := startCaddySite(t, headerKeySite(rdb.Options().Addr, be.hostPort(), ""), siteOptions{})
+
+	first := make(chan *response, 1)
+	go func() {
+		r, err := s.send(context.Background(), "POST", "/pay", `{"amount":1}`, "Idempotency-Key", "k")
+		if err != nil {
+			t.Error(err)
+		}
+		first <- r
+	}()
+	be.waitEntered(t, 10*time.Second)
+	for range 3 {
+		r := s.do("POST", "/pay", `{"amount":1}`, "Idempotency-Key", "k")
+		expectProblem(t, r, http.StatusConflict)
+		if n := retryAfter(t, r); n > 10 {
+			t.Errorf("Retry-After = %d, want at most the 10s default ttl", n)
+		}
+	}
+	g.open()
+	if r := <-first; r == nil || r.Status != 200 || r.Body != "charged" {
+		t.Fatalf("first request: %v", r)
+	}
+	if be.count() != 1 {
+		t.Fatalf("backend executions = %d, want 1", be.count())
+	}
+}
+
+func TestWaitForHeldLock(t *testing.T) {
+	t.Parallel()
+	_, rdb := newRedis(t)
+	g := newGate()
+	var mu sync.Mutex
+	done := map[int64]time.Time{}
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		if s.Path == "/pay/slow" {
+			select {
+			case <-g.ch:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		mu.Lock()
+		done[parseFence(s.Fencing)] = time.Now()
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	})
+	t.Cleanup(g.open)
+	s := startCaddySite(t, headerKeySite(rdb.Options().Addr, be.hostPort(), "\t\twait 20s"), siteOptions{})
+
+	first := make(chan *response, 1)
+	go func() {
+		r, _ := s.send(context.Background(), "POST", "/pay/slow", `{}`, "Idempotency-Key", "w")
+		first <- r
+	}()
+	be.waitEntered(t, 10*time.Second)
+	second := make(chan *response, 1)
+	go func() {
+		r, _ := s.send(context.Background(), "POST", "/pay/fast", `{}`, "Idempotency-Key", "w")
+		second <- r
+	}()
+	// The duplicate waits: it neither reaches the backend nor gets an answer
+	// while the first holds the lock.
+	select {
+	case r := <-second:
+		t.Fatalf("duplicate answered while the lock was held: %v", r)
+	case <-time.After(700 * time.Millisecond):
+	}
+	if be.count() != 1 {
+		t.Fatalf("backend executions while held = %d, want 1", be.count())
+	}
+	g.open()
+	r1, r2 := <-first, <-second
+	if r1 == nil || r1.Status != 200 {
+		t.Fatalf("first: %v", r1)
+	}
+	if r2 == nil || r2.Status != 200 {
+		t.Fatalf("waiting duplicate: %v", r2)
+	}
+	reqs := be.requests()
+	if len(reqs) != 2 || be.overlaps != 0 {
+		t.Fatalf("backend executions = %d, overlaps = %d; want 2 in turn", len(reqs), be.overlaps)
+	}
+	f1, f2 := fence(t, reqs[0].Fencing), fence(t, reqs[1].Fencing)
+	if f2 <= f1 {
+		t.Fatalf("fencing tokens %d then %d: want increasing", f1, f2)
+	}
+	if !reqs[1].At.After(done[f1]) {
+		t.Fatal("the waiting duplicate reached the backend before the first finished")
+	}
+}
+
+func TestMissingKey(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+	}
+	redis_lock /orders* order:{http.redis_lock.json.order_id} {
+		redis %[1]s
+	}
+	redis_lock /open* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+		missing_key pass
+	}
+	header >X-Lock-Result {http.redis_lock.result}
+	reverse_proxy %[2]s`, srv.Addr, be.hostPort()), siteOptions{})
+
+	t.Run("absent header", func(t *testing.T) {
+		expectProblem(t, s.do("POST", "/pay", `{}`), http.StatusBadRequest)
+		expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", ""), http.StatusBadRequest)
+	})
+	for _, body := range []string{`{}`, `{"order_id":null}`, `{"order_id":""}`, `{"other":"x"}`} {
+		t.Run("json "+body, func(t *testing.T) {
+			expectProblem(t, s.do("POST", "/orders", body), http.StatusBadRequest)
+		})
+	}
+	if be.count() != 0 {
+		t.Fatalf("backend called %d times for requests without a key", be.count())
+	}
+	// The empty key must never become the shared lock "order:".
+	if keyExists(t, rdb, lock.FenceKey(defaultKey("order:"))) || keyExists(t, rdb, lock.FenceKey(defaultKey(""))) {
+		t.Fatal("a lock was taken for an empty key")
+	}
+	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
+		t.Fatalf("lock keys left: %v", keys)
+	}
+
+	t.Run("missing_key pass", func(t *testing.T) {
+		r := s.do("POST", "/open", `{}`, "Fencing-Token", "12345")
+		if r.Status != 200 {
+			t.Fatalf("missing_key pass: %s", r)
+		}
+		reqs := be.requests()
+		if len(reqs) != 1 {
+			t.Fatalf("backend executions = %d, want 1", len(reqs))
+		}
+		if len(reqs[0].Fencing) != 0 {
+			t.Errorf("unlocked request reached the backend with Fencing-Token %q (the client's must be removed)", reqs[0].Fencing)
+		}
+		if got := r.Header.Get("X-Lock-Result"); got != "bypassed" {
+			t.Errorf("{http.redis_lock.result} = %q, want bypassed", got)
+		}
+		// With a key, the same route locks.
+		r = s.do("POST", "/open", `{}`, "Idempotency-Key", "now-locked")
+		if r.Status != 200 || r.Header.Get("X-Lock-Result") != "acquired" {
+			t.Fatalf("keyed request on a pass route: %s", r)
+		}
+	})
+}
+
+func TestJSONKey(t *testing.T) {
+	t.Parallel()
+	_, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /orders* order:{http.redis_lock.json.order_id} {
+		redis %[1]s
+		max_body 1KiB
+	}
+	redis_lock /nested* {http.redis_lock.json.customer.id}/{http.redis_lock.json.items.1.sku} {
+		redis %[1]s
+	}
+	redis_lock /tenant* {
+		key order:{http.redis_lock.json.order_id}
+		scope {http.request.header.X-Tenant}
+		redis %[1]s
+	}
+	header >X-Lock-Key {http.redis_lock.key}
+	reverse_proxy %[2]s`, rdb.Options().Addr, be.hostPort()), siteOptions{})
+
+	t.Run("not JSON", func(t *testing.T) {
+		expectProblem(t, s.do("POST", "/orders", `order_id=7`, "Content-Type", "application/x-www-form-urlencoded"), http.StatusBadRequest)
+		expectProblem(t, s.do("POST", "/orders", `{"order_id": "7"`), http.StatusBadRequest)
+		expectProblem(t, s.do("POST", "/orders", ``), http.StatusBadRequest)
+	})
+	t.Run("body over max_body", func(t *testing.T) {
+		big := `{"order_id":"big","pad":"` + strings.Repeat("x", 2048) + `"}`
+		expectProblem(t, s.do("POST", "/orders", big), http.StatusRequestEntityTooLarge)
+	})
+	if be.count() != 0 {
+		t.Fatalf("backend called %d times for rejected bodies", be.count())
+	}
+	t.Run("body reaches the backend intact", func(t *testing.T) {
+		body := "{\n  \"pad\": \"" + strings.Repeat("é€", 100) + "\",\n  \"order_id\" : \"ord-1\" , \"amount\": 12.50 }\n"
+		if len(body) > 1024 {
+			t.Fatalf("test body of %d bytes exceeds max_body", len(body))
+		}
+		r := s.do("POST", "/orders", body)
+		if r.Status != 200 {
+			t.Fatalf("%s", r)
+		}
+		reqs := be.requests()
+		if got := string(reqs[len(reqs)-1].Body); got != body {
+			t.Fatalf("backend body differs:\n got %q\nwant %q", got, body)
+		}
+		if got, want := r.Header.Get("X-Lock-Key"), defaultKey("order:ord-1"); got != want {
+			t.Errorf("{http.redis_lock.key} = %q, want %q", got, want)
+		}
+	})
+	t.Run("numeric id", func(t *testing.T) {
+		r := s.do("POST", "/orders", `{"order_id": 42}`)
+		if r.Status != 200 || !strings.HasPrefix(r.Header.Get("X-Lock-Key"), DefaultPrefix+"{") {
+			t.Fatalf("numeric order_id: %s", r)
+		}
+	})
+	t.Run("nested path and array index", func(t *testing.T) {
+		body := `{"customer":{"id":"c-7"},"items":[{"sku":"a"},{"sku":"b"}]}`
+		holdLock(t, rdb, defaultKey("c-7/b"), 5*time.Second)
+		r := s.do("POST", "/nested", body)
+		expectProblem(t, r, http.StatusConflict)
+		r = s.do("POST", "/nested", `{"customer":{"id":"c-7"},"items":[{"sku":"b"},{"sku":"c"}]}`)
+		if r.Status != 200 {
+			t.Fatalf("other sku: %s", r)
+		}
+		if got, want := r.Header.Get("X-Lock-Key"), defaultKey("c-7/c"); got != want {
+			t.Errorf("{http.redis_lock.key} = %q, want %q", got, want)
+		}
+		expectProblem(t, s.do("POST", "/nested", `{"customer":{"id":"c-7"},"items":[{"sku":"a"}]}`), http.StatusBadRequest)
+	})
+	t.Run("tenant scope", func(t *testing.T) {
+		holdLock(t, rdb, lock.Key(DefaultPrefix, "tenant-a", "order:7"), 5*time.Second)
+		expectProblem(t, s.do("POST", "/tenant", `{"order_id":"7"}`, "X-Tenant", "tenant-a"), http.StatusConflict)
+		r := s.do("POST", "/tenant", `{"order_id":"7"}`, "X-Tenant", "tenant-b")
+		if r.Status != 200 {
+			t.Fatalf("same order of another tenant: %s", r)
+		}
+		if got, want := r.Header.Get("X-Lock-Key"), lock.Key(DefaultPrefix, "tenant-b", "order:7"); got != want {
+			t.Errorf("{http.redis_lock.key} = %q, want %q", got, want)
+		}
+	})
+}
+
+func TestRedisUnavailable(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	down, _ := newRedis(t)
+	down.Stop() // an address where nothing listens
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /closed* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+	}
+	redis_lock /open* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+		on_error fail_open
+	}
+	redis_lock /flaky* {http.request.header.Idempotency-Key} {
+		redis %[2]s
+	}
+	header >X-Lock-Result {http.redis_lock.result}
+	reverse_proxy %[3]s`, down.Addr, srv.Addr, be.hostPort()), siteOptions{})
+
+	t.Run("fail_closed", func(t *testing.T) {
+		r := s.do("POST", "/closed", `{}`, "Idempotency-Key", "k1")
+		expectProblem(t, r, http.StatusServiceUnavailable)
+		if got := r.Header.Get("Retry-After"); got != "1" {
+			t.Errorf("Retry-After = %q, want 1", got)
+		}
+		if be.count() != 0 {
+			t.Fatal("fail_closed passed the request on")
+		}
+	})
+	t.Run("fail_open", func(t *testing.T) {
+		r := s.do("POST", "/open", `{}`, "Idempotency-Key", "k1", "Fencing-Token", "777")
+		if r.Status != 200 {
+			t.Fatalf("fail_open: %s", r)
+		}
+		reqs := be.requests()
+		if len(reqs) != 1 || len(reqs[0].Fencing) != 0 {
+			t.Fatalf("fail_open: backend saw %d requests, Fencing-Token %v; want 1 without a token", len(reqs), reqs[0].Fencing)
+		}
+		if got := r.Header.Get("X-Lock-Result"); got != "fail_open" {
+			t.Errorf("{http.redis_lock.result} = %q, want fail_open", got)
+		}
+	})
+	t.Run("down and back", func(t *testing.T) {
+		if r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "a"); r.Status != 200 {
+			t.Fatalf("before the outage: %s", r)
+		}
+		srv.Stop()
+		r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "b")
+		expectProblem(t, r, http.StatusServiceUnavailable)
+		if got := r.Header.Get("Retry-After"); got != "1" {
+			t.Errorf("Retry-After = %q, want 1", got)
+		}
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		var last *response
+		eventually(t, 15*time.Second, "recovery after Redis came back", func() bool {
+			last = s.do("POST", "/flaky", `{}`, "Idempotency-Key", "c")
+			return last.Status == 200
+		})
+		if r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "d"); r.Status != 200 {
+			t.Fatalf("after recovery: %s", r)
+		}
+	})
+}
+
+func TestLostLockCancelsUpstream(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	type outcome struct {
+		fence     int64
+		cancelled time.Time
+	}
+	outcomes := make(chan outcome, 4)
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		f := parseFence(s.Fencing)
+		if r.URL.Path == "/pay/slow" {
+			select {
+			case <-r.Context().Done():
+				outcomes <- outcome{f, time.Now()}
+				return
+			case <-time.After(15 * time.Second):
+			}
+		}
+		w.Header().Set("X-Fence", strconv.FormatInt(f, 10))
+		io.WriteString(w, "done")
+	})
+	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), "\t\tttl 1s"), siteOptions{})
+
+	// A first request so that the pool has a connection to pause.
+	if r := s.do("POST", "/pay/fast", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
+		t.Fatalf("warm-up: %s", r)
+	}
+	resp := make(chan *response, 1)
+	go func() {
+		r, err := s.send(context.Background(), "POST", "/pay/slow", `{}`, "Idempotency-Key", "lost")
+		if err != nil {
+			t.Error(err)
+		}
+		resp <- r
+	}()
+	be.waitEntered(t, 10*time.Second) // the warm-up
+	be.waitEntered(t, 10*time.Second) // the slow one
+	pausedAt := time.Now()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := make(chan struct{})
+	t.Cleanup(func() { <-resumed })
+	go func() {
+		time.Sleep(3 * time.Second)
+		_ = srv.Resume()
+		close(resumed)
+	}()
+
+	var o outcome
+	select {
+	case o = <-outcomes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream request was not cancelled after the lock was lost")
+	}
+	// The lease is 1s from the acquire; pausing came after it. The cut must
+	// come from the local lease deadline, not from Redis answering again.
+	if d := o.cancelled.Sub(pausedAt); d > 2500*time.Millisecond {
+		t.Errorf("upstream cancelled %v after Redis stopped, want about the 1s lease", d)
+	} else {
+		t.Logf("upstream cancelled %v after Redis stopped", d)
+	}
+	select {
+	case <-resumed:
+		t.Error("the upstream request was cancelled only after Redis came back")
+	default:
+	}
+	var r *response
+	select {
+	case r = <-resp:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no response to the request that lost its lock")
+	}
+	if r == nil {
+		t.Fatal("the request that lost its lock got no response")
+	}
+	expectProblem(t, r, http.StatusServiceUnavailable)
+
+	<-resumed
+	var next *response
+	eventually(t, 10*time.Second, "the next holder after Redis came back", func() bool {
+		next = s.do("POST", "/pay/fast", `{}`, "Idempotency-Key", "lost")
+		return next.Status == 200
+	})
+	if nf, _ := strconv.ParseInt(next.Header.Get("X-Fence"), 10, 64); nf <= o.fence {
+		t.Fatalf("next holder's fencing token %d, want above the lost holder's %d", nf, o.fence)
+	}
+	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
+		t.Fatalf("lock keys left: %v", keys)
+	}
+}
+
+func TestRenewalKeepsLongRequestLocked(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		select {
+		case <-time.After(3500 * time.Millisecond):
+			io.WriteString(w, "slow ok")
+		case <-r.Context().Done():
+		}
+	})
+	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), "\t\tttl 1s"), siteOptions{})
+
+	first := make(chan *response, 1)
+	go func() {
+		r, err := s.send(context.Background(), "POST", "/pay", `{}`, "Idempotency-Key", "long")
+		if err != nil {
+			t.Error(err)
+		}
+		first <- r
+	}()
+	start := be.waitEntered(t, 10*time.Second).At
+	for _, at := range []time.Duration{600 * time.Millisecond, 1400 * time.Millisecond, 2200 * time.Millisecond, 3000 * time.Millisecond} {
+		time.Sleep(time.Until(start.Add(at)))
+		r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "long")
+		if r.Status != http.StatusConflict {
+			t.Errorf("duplicate at %v: %d, want 409 (lock lost before the request ended?)", at, r.Status)
+			continue
+		}
+		retryAfter(t, r)
+	}
+	r := <-first
+	if r == nil || r.Status != 200 || r.Body != "slow ok" {
+		t.Fatalf("the long request: %v", r)
+	}
+	if be.count() != 1 {
+		t.Fatalf("backend executions = %d, want 1", be.count())
+	}
+}
+
+// TestEarlyDataTooEarly drives ServeHTTP directly: Go's TLS stack neither
+// sends nor accepts 0-RTT, so a request with early data cannot be produced
+// through Caddy's TLS listener here. Caddy marks such requests (HTTP/3 0-RTT)
+// with a TLS state whose handshake is not complete, which is what this sets.
+func TestEarlyDataTooEarly(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	var h Handler
+	cfg := fmt.Sprintf(`{"key":"{http.request.header.Idempotency-Key}","redis":{"addresses":[%q]}}`, srv.Addr)
+	if err := json.Unmarshal([]byte(cfg), &h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Cleanup() })
+
+	serve := func(state *tls.ConnectionState) (*httptest.ResponseRecorder, int) {
+		calls := 0
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			calls++
+			w.WriteHeader(200)
+			return nil
+		})
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("POST", "https://example.test/pay", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "early")
+		r.TLS = state
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, nil)
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			t.Fatalf("ServeHTTP: %v", err)
+		}
+		return w, calls
+	}
+
+	w, calls := serve(&tls.ConnectionState{HandshakeComplete: false, Version: tls.VersionTLS13})
+	if w.Code != http.StatusTooEarly || calls != 0 {
+		t.Fatalf("early data: status %d, next called %d times; want 425 and not called", w.Code, calls)
+	}
+	expectProblem(t, &response{Status: w.Code, Header: w.Header(), Body: w.Body.String()}, http.StatusTooEarly)
+	if keyExists(t, rdb, lock.FenceKey(defaultKey("early"))) {
+		t.Error("a lock was taken for a request with early data")
+	}
+
+	w, calls = serve(&tls.ConnectionState{HandshakeComplete: true, Version: tls.VersionTLS13})
+	if w.Code != 200 || calls != 1 {
+		t.Fatalf("completed handshake: status %d, next called %d times", w.Code, calls)
+	}
+}
+
+func TestFencingTokenAndPlaceholders(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	header >X-Lock-Result {http.redis_lock.result}
+	header >X-Lock-Fence {http.redis_lock.fencing_token}
+	header >X-Lock-Key {http.redis_lock.key}
+	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+	}
+	redis_lock /nofence* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+		fencing_header off
+	}
+	redis_lock /custom* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+		fencing_header X-Fence
+	}
+	reverse_proxy %[2]s`, srv.Addr, be.hostPort()), siteOptions{})
+
+	last := func() seen {
+		reqs := be.requests()
+		return reqs[len(reqs)-1]
+	}
+	t.Run("increasing per key", func(t *testing.T) {
+		var prev int64
+		for i := range 4 {
+			r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "fk-1")
+			if r.Status != 200 {
+				t.Fatalf("request %d: %s", i, r)
+			}
+			f := fence(t, last().Fencing)
+			if f <= prev {
+				t.Fatalf("fencing token %d after %d: want strictly increasing", f, prev)
+			}
+			prev = f
+			if got := r.Header.Get("X-Lock-Fence"); got != strconv.FormatInt(f, 10) {
+				t.Errorf("{http.redis_lock.fencing_token} = %q, backend got %d", got, f)
+			}
+			if got := r.Header.Get("X-Lock-Result"); got != "acquired" {
+				t.Errorf("{http.redis_lock.result} = %q, want acquired", got)
+			}
+			if got, want := r.Header.Get("X-Lock-Key"), defaultKey("fk-1"); got != want {
+				t.Errorf("{http.redis_lock.key} = %q, want %q", got, want)
+			}
+		}
+	})
+	t.Run("client value not passed through", func(t *testing.T) {
+		r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "fk-2", "Fencing-Token", "999999999999999999")
+		if r.Status != 200 {
+			t.Fatalf("%s", r)
+		}
+		f := fence(t, last().Fencing)
+		if f == 999999999999999999 || r.Header.Get("X-Lock-Fence") != strconv.FormatInt(f, 10) {
+			t.Fatalf("backend got Fencing-Token %d, handler's token %q", f, r.Header.Get("X-Lock-Fence"))
+		}
+	})
+	t.Run("conflict result", func(t *testing.T) {
+		holdLock(t, rdb, defaultKey("fk-3"), 5*time.Second)
+		r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "fk-3")
+		expectProblem(t, r, http.StatusConflict)
+		if got := r.Header.Get("X-Lock-Result"); got != "conflict" {
+			t.Errorf("{http.redis_lock.result} = %q on 409, want conflict", got)
+		}
+	})
+	t.Run("fencing_header off", func(t *testing.T) {
+		r := s.do("POST", "/nofence", `{}`, "Idempotency-Key", "fk-4")
+		if r.Status != 200 {
+			t.Fatalf("%s", r)
+		}
+		if v := last().Fencing; len(v) != 0 {
+			t.Fatalf("fencing_header off: backend got Fencing-Token %q", v)
+		}
+		if r.Header.Get("X-Lock-Fence") == "" {
+			t.Error("{http.redis_lock.fencing_token} is empty with fencing_header off")
+		}
+	})
+	t.Run("custom header name", func(t *testing.T) {
+		r := s.do("POST", "/custom", `{}`, "Idempotency-Key", "fk-5", "X-Fence", "1")
+		if r.Status != 200 {
+			t.Fatalf("%s", r)
+		}
+		got := last().Header.Values("X-Fence")
+		if len(got) != 1 || got[0] != r.Header.Get("X-Lock-Fence") {
+			t.Fatalf("X-Fence upstream = %q, want the handler's token %q", got, r.Header.Get("X-Lock-Fence"))
+		}
+		if v := last().Fencing; len(v) != 0 {
+			t.Errorf("Fencing-Token sent as well: %q", v)
+		}
+	})
+}
+
+func TestImmediateRetryAfterResponse(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	big := strings.Repeat("0123456789abcdef", 16<<10) // 256KiB
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		if r.URL.Path == "/pay/big" {
+			io.WriteString(w, big)
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), "\t\tttl 30s"), siteOptions{})
+	for _, path := range []string{"/pay/small", "/pay/big"} {
+		for i := range 40 {
+			r := s.do("POST", path, `{}`, "Idempotency-Key", "retry-"+path)
+			if r.Status != 200 {
+				t.Fatalf("%s attempt %d: %d (the lock outlived the response)", path, i, r.Status)
+			}
+			if path == "/pay/big" && len(r.Body) != len(big) {
+				t.Fatalf("%s: body of %d bytes, want %d", path, len(r.Body), len(big))
+			}
+		}
+	}
+	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
+		t.Fatalf("lock keys left: %v", keys)
+	}
+}
+
+func TestReleasedAfterUpstreamFailure(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	cancelled := make(chan struct{}, 1)
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		switch r.URL.Path {
+		case "/pay/500":
+			http.Error(w, "boom", http.StatusInternalServerError)
+		case "/pay/hang":
+			select {
+			case <-r.Context().Done():
+				cancelled <- struct{}{}
+			case <-time.After(20 * time.Second):
+			}
+		default:
+			io.WriteString(w, "ok")
+		}
+	})
+	deadPort := mustFreePort(t)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock {http.request.header.Idempotency-Key} {
+		redis %s
+		ttl 30s
+	}
+	handle /gone* {
+		reverse_proxy 127.0.0.1:%d
+	}
+	reverse_proxy %s`, srv.Addr, deadPort, be.hostPort()), siteOptions{})
+
+	// ttl 30s: a key that goes away did so by release, not by expiry.
+	t.Run("backend 500", func(t *testing.T) {
+		for i := range 3 {
+			r := s.do("POST", "/pay/500", `{}`, "Idempotency-Key", "e500")
+			if r.Status != 500 {
+				t.Fatalf("attempt %d: %s", i, r)
+			}
+			if keyExists(t, rdb, defaultKey("e500")) {
+				t.Fatal("lock still held after the backend answered 500")
+			}
+		}
+	})
+	t.Run("backend down", func(t *testing.T) {
+		for i := range 3 {
+			r := s.do("POST", "/gone", `{}`, "Idempotency-Key", "e502")
+			if r.Status != http.StatusBadGateway {
+				t.Fatalf("attempt %d: %s", i, r)
+			}
+			if keyExists(t, rdb, defaultKey("e502")) {
+				t.Fatal("lock still held after reverse_proxy failed")
+			}
+		}
+	})
+	t.Run("client gone", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := s.send(ctx, "POST", "/pay/hang", `{}`, "Idempotency-Key", "gone")
+			errc <- err
+		}()
+		for s := be.waitEntered(t, 10*time.Second); s.Path != "/pay/hang"; s = be.waitEntered(t, 10*time.Second) {
+		}
+		if !keyExists(t, rdb, defaultKey("gone")) {
+			t.Fatal("lock not held while the request is in flight")
+		}
+		cancel()
+		<-errc
+		select {
+		case <-cancelled:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the upstream request went on after the client left")
+		}
+		eventually(t, 5*time.Second, "lock released after the client left", func() bool {
+			return !keyExists(t, rdb, defaultKey("gone"))
+		})
+		if r := s.do("POST", "/pay/ok", `{}`, "Idempotency-Key", "gone"); r.Status != 200 {
+			t.Fatalf("retry after the client left: %s", r)
+		}
+	})
+}
+
+func TestMetricsAndReload(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), ""), siteOptions{admin: true})
+
+	counter := func(result string) float64 {
+		t.Helper()
+		r, err := sendRequest(context.Background(), s.client, "GET", s.AdminURL+"/metrics", "")
+		if err != nil || r.Status != 200 {
+			t.Fatalf("GET /metrics: %v %v", err, r)
+		}
+		if strings.Contains(r.Body, "metric-key-") {
+			t.Fatal("a request key appears in the metrics")
+		}
+		re := regexp.MustCompile(`(?m)^caddy_redis_lock_requests_total\{result="` + result + `"\} ([0-9.e+]+)$`)
+		m := re.FindStringSubmatch(r.Body)
+		if m == nil {
+			return 0
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}
+	traffic := func(round int) {
+		t.Helper()
+		key := fmt.Sprintf("metric-key-%d", round)
+		if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", key); r.Status != 200 {
+			t.Fatalf("%s", r)
+		}
+		holdLock(t, rdb, defaultKey(key), 5*time.Second)
+		expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", key), http.StatusConflict)
+		expectProblem(t, s.do("POST", "/pay", `{}`), http.StatusBadRequest)
+	}
+
+	a0, c0 := counter("acquired"), counter("conflict")
+	traffic(1)
+	a1, c1 := counter("acquired"), counter("conflict")
+	if a1 < a0+1 || c1 < c0+1 {
+		t.Fatalf("after one acquired and one conflict: acquired %v -> %v, conflict %v -> %v", a0, a1, c0, c1)
+	}
+	r, _ := sendRequest(context.Background(), s.client, "GET", s.AdminURL+"/metrics", "")
+	for _, name := range []string{"caddy_redis_lock_hold_seconds", "caddy_redis_lock_release_total"} {
+		if !strings.Contains(r.Body, name) {
+			t.Errorf("metric %s missing from /metrics", name)
+		}
+	}
+
+	for i := range 2 {
+		s.reload()
+		traffic(2 + i)
+		a2, c2 := counter("acquired"), counter("conflict")
+		if a2 < a1+1 || c2 < c1+1 {
+			t.Fatalf("after reload %d: acquired %v -> %v, conflict %v -> %v", i+1, a1, a2, c1, c2)
+		}
+		a1, c1 = a2, c2
+	}
+}
+
+func TestHandleErrorsMode(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+		errors handle_errors
+	}
+	reverse_proxy %s
+	handle_errors {
+		header X-Site-Error yes
+		respond "site error page {err.status_code}"
+	}`, srv.Addr, be.hostPort()), siteOptions{})
+
+	holdLock(t, rdb, defaultKey("he"), 5*time.Second)
+	r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "he")
+	if r.Status != http.StatusConflict || r.Body != "site error page 409" || r.Header.Get("X-Site-Error") != "yes" {
+		t.Fatalf("409 through handle_errors: %s", r)
+	}
+	retryAfter(t, r)
+
+	r = s.do("POST", "/pay", `{}`)
+	if r.Status != http.StatusBadRequest || r.Body != "site error page 400" {
+		t.Fatalf("400 through handle_errors: %s", r)
+	}
+	if be.count() != 0 {
+		t.Fatalf("backend called %d times", be.count())
+	}
+}

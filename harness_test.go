@@ -1,0 +1,432 @@
+package redislock
+
+// The harness of the tests through Caddy itself: a Caddyfile is adapted with
+// the real caddyfile adapter and loaded in-process with caddy.Load, each test
+// with its own redis-server (internal/redistest) and its own backend.
+// caddytest is not used: it wants fixed ports (admin 2999, 9080/9443), and a
+// process can run only one Caddy config at a time anyway.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// caddyMu serialises the tests that load a config: Caddy runs one config per
+// process. Those tests still call t.Parallel, so that they overlap with the
+// tests that need no running Caddy (adapt, direct ServeHTTP, e2e processes).
+var caddyMu sync.Mutex
+
+// caddySite is one running in-process Caddy config with one site.
+type caddySite struct {
+	t         *testing.T
+	URL       string // http://127.0.0.1:port of the site
+	AdminURL  string // empty when the admin endpoint is off
+	caddyfile string
+	client    *http.Client
+}
+
+// siteOptions are the parts of a test Caddyfile around the site body.
+type siteOptions struct {
+	admin bool // serve the admin API (for /metrics) on a free port
+}
+
+// startCaddySite loads a Caddyfile with one site; body is the inside of the
+// site block. Every test that calls it must call t.Parallel first (or not at
+// all) and keeps the process-wide Caddy until it ends.
+func startCaddySite(t *testing.T, body string, opt siteOptions) *caddySite {
+	t.Helper()
+	port := mustFreePort(t)
+	admin := "admin off"
+	adminURL := ""
+	if opt.admin {
+		ap := mustFreePort(t)
+		admin = fmt.Sprintf("admin 127.0.0.1:%d", ap)
+		adminURL = fmt.Sprintf("http://127.0.0.1:%d", ap)
+	}
+	storage := t.TempDir()
+	cf := fmt.Sprintf(`{
+	%s
+	persist_config off
+	auto_https off
+	skip_install_trust
+	grace_period 1s
+	storage file_system %s
+	log {
+		level WARN
+	}
+}
+
+http://127.0.0.1:%d {
+%s
+}
+`, admin, storage, port, body)
+
+	caddyMu.Lock()
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Logf("caddy.Stop: %v", err)
+		}
+		caddyMu.Unlock()
+	})
+	loadCaddyfile(t, cf)
+	s := &caddySite{
+		t:         t,
+		URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
+		AdminURL:  adminURL,
+		caddyfile: cf,
+		client:    &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+	}
+	t.Cleanup(s.client.CloseIdleConnections)
+	return s
+}
+
+// loadCaddyfile adapts cf and loads it (again, when already running).
+func loadCaddyfile(t *testing.T, cf string) {
+	t.Helper()
+	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting the test Caddyfile: %v\n%s", err, cf)
+	}
+	for _, w := range warnings {
+		if !strings.Contains(w.Message, "not formatted") {
+			t.Logf("adapt warning: %s", w)
+		}
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		t.Fatalf("loading the test config: %v\n%s", err, cf)
+	}
+}
+
+// reload loads the same Caddyfile again: a config reload as `caddy reload` does.
+func (s *caddySite) reload() {
+	s.t.Helper()
+	loadCaddyfile(s.t, s.caddyfile)
+	// The old servers closed their idle connections; a POST on one of
+	// them would fail with EOF, as it would for any client.
+	s.client.CloseIdleConnections()
+}
+
+// do sends a request to the site. hdr holds header name/value pairs.
+func (s *caddySite) do(method, path, body string, hdr ...string) *response {
+	s.t.Helper()
+	return s.doCtx(context.Background(), method, path, body, hdr...)
+}
+
+func (s *caddySite) doCtx(ctx context.Context, method, path, body string, hdr ...string) *response {
+	s.t.Helper()
+	resp, err := s.send(ctx, method, path, body, hdr...)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return resp
+}
+
+// send is do without t.Fatal, for goroutines.
+func (s *caddySite) send(ctx context.Context, method, path, body string, hdr ...string) (*response, error) {
+	return sendRequest(ctx, s.client, method, s.URL+path, body, hdr...)
+}
+
+// response is a finished response with its body read.
+type response struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+func sendRequest(ctx context.Context, c *http.Client, method, url, body string, hdr ...string) (*response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	if body != "" && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the body of %d: %w", resp.StatusCode, err)
+	}
+	return &response{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}, nil
+}
+
+func (r *response) String() string {
+	return fmt.Sprintf("%d %v %q", r.Status, r.Header, r.Body)
+}
+
+// problem is an RFC 9457 problem details body.
+type problemDoc struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// leakWords must never appear in an error body: they would tell a client
+// about the Redis deployment behind the handler.
+var leakWords = []string{"dial", "127.0.0.1", "redis:", "i/o timeout", "connection refused"}
+
+// expectProblem checks that r is a problem+json response with status.
+func expectProblem(t *testing.T, r *response, status int) problemDoc {
+	t.Helper()
+	if r.Status != status {
+		t.Fatalf("status = %d, want %d (response %s)", r.Status, status, r)
+	}
+	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/problem+json") {
+		t.Errorf("Content-Type = %q, want application/problem+json", ct)
+	}
+	var p problemDoc
+	if err := json.Unmarshal([]byte(r.Body), &p); err != nil {
+		t.Fatalf("body is not JSON: %v: %q", err, r.Body)
+	}
+	if p.Status != status {
+		t.Errorf("problem status = %d, want %d", p.Status, status)
+	}
+	if !strings.HasPrefix(p.Type, "https://") || p.Title == "" {
+		t.Errorf("problem type %q / title %q: want an absolute type URI and a title", p.Type, p.Title)
+	}
+	for _, w := range leakWords {
+		if strings.Contains(r.Body, w) {
+			t.Errorf("error body leaks %q: %s", w, r.Body)
+		}
+	}
+	return p
+}
+
+// retryAfter returns the Retry-After header as whole seconds, failing the
+// test when it is absent, not an integer or below 1.
+func retryAfter(t *testing.T, r *response) int {
+	t.Helper()
+	v := r.Header.Get("Retry-After")
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("Retry-After = %q, want whole seconds >= 1 (response %s)", v, r)
+	}
+	return n
+}
+
+// newRedis starts a redis-server for t and returns it with a client.
+func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb
+}
+
+// lockKeys lists the lock keys (not the fencing counters) under prefix.
+func lockKeys(t *testing.T, rdb *redis.Client, prefix string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var keys []string
+	iter := rdb.Scan(ctx, 0, prefix+"{*", 100).Iterator()
+	for iter.Next(ctx) {
+		if k := iter.Val(); !strings.HasSuffix(k, ":fence") {
+			keys = append(keys, k)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("SCAN: %v", err)
+	}
+	return keys
+}
+
+// holdLock writes a lock key directly into Redis, as another Caddy node
+// holding it would.
+func holdLock(t *testing.T, rdb *redis.Client, key string, ttl time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rdb.Set(ctx, key, "another-node", ttl).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func keyExists(t *testing.T, rdb *redis.Client, key string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := rdb.Exists(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// defaultKey is the Redis key of name with the default prefix and no scope.
+func defaultKey(name string) string { return lock.Key(DefaultPrefix, "", name) }
+
+// eventually polls cond every 20ms until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func mustFreePort(t testing.TB) int {
+	t.Helper()
+	p, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// seen is one request as the backend saw it.
+type seen struct {
+	Path    string
+	Key     string   // Idempotency-Key header, or X-Test-Key
+	Fencing []string // Fencing-Token values
+	Header  http.Header
+	Body    []byte
+	At      time.Time
+	Ctx     context.Context
+}
+
+// recorder is a test backend that records every request and flags
+// overlapping executions for the same key.
+type recorder struct {
+	*httptest.Server
+	mu       sync.Mutex
+	reqs     []seen
+	inflight map[string]int
+	overlaps int
+	entered  chan seen
+	handle   func(w http.ResponseWriter, r *http.Request, s seen) // nil: 200 "ok"
+}
+
+func newRecorder(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, s seen)) *recorder {
+	t.Helper()
+	rec := &recorder{inflight: map[string]int{}, entered: make(chan seen, 1024), handle: handle}
+	rec.Server = httptest.NewServer(http.HandlerFunc(rec.serve))
+	t.Cleanup(rec.Close)
+	return rec
+}
+
+func (rec *recorder) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		key = r.Header.Get("X-Test-Key")
+	}
+	s := seen{Path: r.URL.Path, Key: key, Fencing: r.Header.Values("Fencing-Token"),
+		Header: r.Header.Clone(), Body: body, At: time.Now(), Ctx: r.Context()}
+	rec.mu.Lock()
+	rec.reqs = append(rec.reqs, s)
+	rec.inflight[key]++
+	if rec.inflight[key] > 1 {
+		rec.overlaps++
+	}
+	rec.mu.Unlock()
+	defer func() {
+		rec.mu.Lock()
+		rec.inflight[key]--
+		rec.mu.Unlock()
+	}()
+	select {
+	case rec.entered <- s:
+	default:
+	}
+	if rec.handle != nil {
+		rec.handle(w, r, s)
+		return
+	}
+	w.Header().Set("Fencing-Seen", strings.Join(s.Fencing, ","))
+	io.WriteString(w, "ok")
+}
+
+func (rec *recorder) requests() []seen {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]seen(nil), rec.reqs...)
+}
+
+func (rec *recorder) count() int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return len(rec.reqs)
+}
+
+// waitEntered waits for the next request to reach the backend.
+func (rec *recorder) waitEntered(t *testing.T, d time.Duration) seen {
+	t.Helper()
+	select {
+	case s := <-rec.entered:
+		return s
+	case <-time.After(d):
+		t.Fatalf("no request reached the backend within %v", d)
+		return seen{}
+	}
+}
+
+// hostPort is the backend's address for reverse_proxy.
+func (rec *recorder) hostPort() string { return strings.TrimPrefix(rec.URL, "http://") }
+
+// fence parses a single fencing token.
+func fence(t *testing.T, vals []string) int64 {
+	t.Helper()
+	if len(vals) != 1 {
+		t.Fatalf("Fencing-Token values = %q, want exactly one", vals)
+	}
+	n, err := strconv.ParseInt(vals[0], 10, 64)
+	if err != nil || n <= 0 {
+		t.Fatalf("Fencing-Token = %q, want a positive integer", vals[0])
+	}
+	return n
+}
+
+// parseFence is fence for backend handlers, which must not call t.Fatal:
+// 0 when vals is not exactly one positive integer.
+func parseFence(vals []string) int64 {
+	if len(vals) != 1 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(vals[0], 10, 64)
+	return n
+}
+
+// writeFile writes content into dir/name and returns the path.
+func writeFile(t testing.TB, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
