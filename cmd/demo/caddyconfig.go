@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the "caddyfile" adapter
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/reqlock/caddy-redis-lock" // the redis_lock directive
+)
+
+// caddySites are the two routes the storm hits, both in front of the backend.
+type caddySites struct {
+	PlainAddr  string // plain reverse_proxy
+	LockedAddr string // redis_lock + reverse_proxy
+	Backend    string
+	Redis      string
+	TTL        string // lease, a Caddy duration
+}
+
+// Caddyfile is the demo's configuration, printed as it is loaded so a reader
+// can copy the locked site into their own Caddyfile.
+func (s caddySites) Caddyfile() string {
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	grace_period 2s
+	log {
+		level ERROR
+	}
+}
+
+# The legacy way: every duplicate reaches the payment backend.
+http://%[1]s {
+	reverse_proxy %[3]s
+}
+
+# The same backend behind redis_lock: one request per Idempotency-Key at a
+# time, duplicates get 409 and the backend gets a Fencing-Token header.
+http://%[2]s {
+	redis_lock {http.request.header.Idempotency-Key} {
+		ttl %[5]s
+		redis %[4]s
+	}
+	reverse_proxy %[3]s
+}
+`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL)
+}
+
+// startCaddy adapts caddyfile and runs it in this process; stop with
+// caddy.Stop(). Adapter warnings are printed to warn.
+func startCaddy(caddyfile string, warn io.Writer) error {
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	if adapter == nil {
+		return fmt.Errorf("caddy: no caddyfile adapter registered")
+	}
+	cfgJSON, warnings, err := adapter.Adapt([]byte(caddyfile), map[string]any{"filename": "demo.Caddyfile"})
+	if err != nil {
+		return fmt.Errorf("caddy: adapting the demo Caddyfile: %w", err)
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(warn, "caddy: warning: %s\n", w.String())
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		return fmt.Errorf("caddy: loading the demo config: %w", err)
+	}
+	return nil
+}

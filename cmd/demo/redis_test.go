@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// requireRedisServer fails (under make test / CI) or skips when redis-server
+// is not installed.
+func requireRedisServer(t *testing.T) {
+	t.Helper()
+	if redistest.Available() {
+		return
+	}
+	if os.Getenv(redistest.RequireEnv) == "1" || os.Getenv("CI") == "true" {
+		t.Fatal("redis-server not found on PATH")
+	}
+	t.Skip("redis-server not found on PATH")
+}
+
+// The embedded server must run the lock's scripts as Redis does: EVALSHA
+// with the EVAL fallback, TIME for the fencing seed, PEXPIRE renewals, and
+// leases that expire on the wall clock.
+func TestEmbeddedRedisRunsLockScripts(t *testing.T) {
+	r, err := startEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Kind != redisEmbedded {
+		t.Fatalf("kind %q", r.Kind)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	c := lock.New(rdb, nil)
+	ctx := redistest.Context(t, 10*time.Second)
+	key := lock.Key(lock.DefaultPrefix, "", "order-1")
+
+	held, err := c.Acquire(ctx, key, lock.Options{TTL: 300 * time.Millisecond, Renew: 60 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held.Fence() < 1_000_000_000_000_000 { // seeded from TIME in microseconds
+		t.Errorf("fence %d was not seeded from the server clock", held.Fence())
+	}
+	var no *lock.NotObtainedError
+	if _, err := c.Acquire(ctx, key, lock.Options{}); !errors.As(err, &no) || no.Remaining <= 0 {
+		t.Fatalf("second acquire: %v, want NotObtained with a remaining lease", err)
+	}
+	time.Sleep(700 * time.Millisecond) // > 2 leases: only renewals keep it
+	if err := held.Context().Err(); err != nil {
+		t.Fatalf("lock lost despite renewals: %v", context.Cause(held.Context()))
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil { // next calls must fall back to EVAL
+		t.Fatal(err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	short, err := c.Acquire(ctx, key, lock.Options{TTL: 150 * time.Millisecond, Renew: lock.NoRenew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if short.Fence() <= held.Fence() {
+		t.Errorf("fence %d not above %d", short.Fence(), held.Fence())
+	}
+	// Without renewals the lease must run out on the wall clock.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		next, err := c.Acquire(ctx, key, lock.Options{TTL: time.Second})
+		if err == nil {
+			_ = next.Release(ctx)
+			break
+		}
+		if !errors.Is(err, lock.ErrNotObtained) || time.Now().After(deadline) {
+			t.Fatalf("lease never expired: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestStartRedisChoice(t *testing.T) {
+	t.Run("REDIS_ADDR", func(t *testing.T) {
+		t.Setenv("REDIS_ADDR", "127.0.0.1:1")
+		r, err := startRedis(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		if r.Kind != redisExisting || r.Addr != "127.0.0.1:1" {
+			t.Errorf("got %q at %s", r.Kind, r.Addr)
+		}
+	})
+	t.Run("forced embedded", func(t *testing.T) {
+		t.Setenv("REDIS_ADDR", "127.0.0.1:1")
+		r, err := startRedis(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if r.Kind != redisEmbedded {
+			t.Errorf("got %q", r.Kind)
+		}
+	})
+	t.Run("redis-server", func(t *testing.T) {
+		requireRedisServer(t)
+		t.Setenv("REDIS_ADDR", "")
+		r, err := startRedis(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Kind != redisProcess {
+			t.Fatalf("got %q", r.Kind)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+		defer rdb.Close()
+		ctx := redistest.Context(t, 5*time.Second)
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		if err := rdb.Ping(ctx).Err(); err == nil {
+			t.Error("redis-server still answers after Close")
+		}
+	})
+}
