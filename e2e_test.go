@@ -1,0 +1,268 @@
+package redislock
+
+// The end-to-end test: a real Caddy binary built with the plugin, two Caddy
+// processes (two "nodes") in front of one backend, sharing one redis-server,
+// and a storm of concurrent duplicate requests split across both.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildCaddyBinary builds ./cmd/caddy (Caddy with this plugin) into dir.
+func buildCaddyBinary(t *testing.T, dir string) string {
+	t.Helper()
+	goTool := os.Getenv("GO")
+	if goTool == "" {
+		goTool = "go"
+	}
+	bin := filepath.Join(dir, "caddy")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", bin, "./cmd/caddy")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/caddy: %v\n%s", err, out)
+	}
+	t.Logf("built Caddy with the plugin in %v", time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+// caddyProcess is one running `caddy run`.
+type caddyProcess struct {
+	URL    string
+	cmd    *exec.Cmd
+	output *bytes.Buffer
+}
+
+// startCaddyProcess runs bin with a Caddyfile holding one site whose body is
+// body, on a free port, admin off, and stops it when the test ends.
+func startCaddyProcess(t *testing.T, bin, name, body string) *caddyProcess {
+	t.Helper()
+	dir := t.TempDir()
+	port := mustFreePort(t)
+	cf := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	auto_https off
+	skip_install_trust
+	storage file_system %s
+	log {
+		level WARN
+	}
+}
+
+http://127.0.0.1:%d {
+%s
+}
+`, filepath.Join(dir, "data"), port, body)
+	path := writeFile(t, dir, "Caddyfile", cf)
+	out := new(bytes.Buffer)
+	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, out.String())
+		}
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("%s exited at start:\n%s", name, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not listen on %s within 30s:\n%s", name, addr, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &caddyProcess{URL: "http://" + addr, cmd: cmd, output: out}
+}
+
+func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
+	t.Parallel()
+	const (
+		keys   = 20
+		perKey = 16 // 320 requests
+		total  = keys * perKey
+	)
+	bin := buildCaddyBinary(t, t.TempDir())
+	srv, rdb := newRedis(t)
+
+	// The backend holds every execution until all duplicates have been
+	// answered, so that "exactly one execution per key" does not depend on
+	// timing; it records executions per key, overlaps and fencing tokens.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	openRelease := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(openRelease)
+	var mu sync.Mutex
+	execs := map[string][]int64{}
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		f := parseFence(s.Fencing)
+		mu.Lock()
+		execs[s.Key] = append(execs[s.Key], f)
+		mu.Unlock()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("X-Fence", strconv.FormatInt(f, 10))
+		io.WriteString(w, "charged "+s.Key)
+	})
+
+	site := fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+		ttl 5s
+	}
+	reverse_proxy %s`, srv.Addr, be.hostPort())
+	nodes := []*caddyProcess{
+		startCaddyProcess(t, bin, "caddy-a", site),
+		startCaddyProcess(t, bin, "caddy-b", site),
+	}
+
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: total}}
+	t.Cleanup(client.CloseIdleConnections)
+	type result struct {
+		key  string
+		resp *response
+		err  error
+	}
+	results := make(chan result, total)
+	var answered sync.WaitGroup
+	answered.Add(total - keys)
+	go func() { // release the holders once every duplicate has its answer
+		done := make(chan struct{})
+		go func() { answered.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(45 * time.Second):
+			t.Errorf("duplicates not all answered within 45s while the holders were held")
+		}
+		openRelease()
+	}()
+
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var nonHolders sync.Mutex
+	counted := 0
+	for i := range total {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("e2e-key-%02d", i%keys)
+			node := nodes[i%2]
+			<-start
+			r, err := sendRequest(context.Background(), client, "POST", node.URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
+			if err != nil || r.Status != 200 {
+				nonHolders.Lock()
+				if counted < total-keys {
+					counted++
+					answered.Done()
+				}
+				nonHolders.Unlock()
+			}
+			results <- result{key, r, err}
+		}()
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	close(results)
+	t.Logf("%d requests over %d keys through 2 Caddies answered in %v", total, keys, time.Since(began).Round(time.Millisecond))
+
+	okPerKey := map[string]int{}
+	conflicts, others := 0, 0
+	for r := range results {
+		switch {
+		case r.err != nil:
+			others++
+			t.Errorf("key %s: %v", r.key, r.err)
+		case r.resp.Status == 200:
+			okPerKey[r.key]++
+		case r.resp.Status == http.StatusConflict:
+			conflicts++
+			if n, err := strconv.Atoi(r.resp.Header.Get("Retry-After")); err != nil || n < 1 {
+				t.Errorf("409 with Retry-After %q, want whole seconds >= 1", r.resp.Header.Get("Retry-After"))
+			}
+		default:
+			others++
+			if others <= 5 {
+				t.Errorf("key %s: unexpected %s", r.key, r.resp)
+			}
+		}
+	}
+	if conflicts != total-keys || others != 0 {
+		t.Errorf("%d conflicts and %d other answers; want %d conflicts and no other", conflicts, others, total-keys)
+	}
+	mu.Lock()
+	firstFence := map[string]int64{}
+	for k := range keys {
+		key := fmt.Sprintf("e2e-key-%02d", k)
+		if n := len(execs[key]); n != 1 {
+			t.Errorf("key %s: %d upstream executions, want exactly 1", key, n)
+		}
+		if okPerKey[key] != 1 {
+			t.Errorf("key %s: %d answers 200, want 1", key, okPerKey[key])
+		}
+		if len(execs[key]) > 0 {
+			firstFence[key] = execs[key][0]
+		}
+	}
+	mu.Unlock()
+	be.mu.Lock()
+	overlaps := be.overlaps
+	be.mu.Unlock()
+	if overlaps != 0 {
+		t.Errorf("%d overlapping executions of one key", overlaps)
+	}
+	if left := lockKeys(t, rdb, DefaultPrefix); len(left) != 0 {
+		t.Errorf("%d lock keys left in Redis after every request ended: %v", len(left), left)
+	}
+
+	// The next holder of each key, through either node, gets a higher
+	// fencing token.
+	for k := range keys {
+		key := fmt.Sprintf("e2e-key-%02d", k)
+		r, err := sendRequest(context.Background(), client, "POST", nodes[(k+1)%2].URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
+		if err != nil || r.Status != 200 {
+			t.Fatalf("next request for %s: %v %v", key, err, r)
+		}
+		if f, _ := strconv.ParseInt(r.Header.Get("X-Fence"), 10, 64); f <= firstFence[key] {
+			t.Errorf("key %s: next fencing token %d, want above %d", key, f, firstFence[key])
+		}
+	}
+}
