@@ -135,10 +135,18 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	counted := false
 	defer func() {
 		if p := recover(); p != nil {
+			// reverse_proxy panics with http.ErrAbortHandler when its
+			// upstream request is cancelled mid-body: a lost lock, too.
+			cause := context.Cause(lk.Context())
 			release()
 			hw.discard()
 			if !counted {
-				h.count(repl, resultAcquired)
+				if errors.Is(cause, lock.ErrNotHeld) {
+					h.lockLost(lk, cause)
+					h.count(repl, resultLost)
+				} else {
+					h.count(repl, resultAcquired)
+				}
 			}
 			panic(p)
 		}
@@ -159,10 +167,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	cause := context.Cause(lk.Context())
 	release()
 	if errors.Is(cause, lock.ErrNotHeld) {
-		metrics.lost.Inc()
-		h.logger.Warn("lock lost while the request was in flight",
-			zap.String("key", lk.Key()), zap.Int64("fencing_token", lk.Fence()),
-			zap.String("lost_lock", h.LostLock), zap.NamedError("cause", cause))
+		h.lockLost(lk, cause)
 		if h.LostLock == LostLockAbort {
 			if !hw.started {
 				// next's error is the cancellation this handler caused.
@@ -181,6 +186,14 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	_ = hw.finish() // a failed write means the client is gone
 	return nextErr
+}
+
+// lockLost logs and counts a lock lost while its request was in flight.
+func (h *Handler) lockLost(lk *lock.Lock, cause error) {
+	metrics.lost.Inc()
+	h.logger.Warn("lock lost while the request was in flight",
+		zap.String("key", lk.Key()), zap.Int64("fencing_token", lk.Fence()),
+		zap.String("lost_lock", h.LostLock), zap.NamedError("cause", cause))
 }
 
 // reject answers with p and records result.

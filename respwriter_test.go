@@ -16,6 +16,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
@@ -487,4 +488,41 @@ func TestJSONBodyHandedOn(t *testing.T) {
 			t.Errorf("next read %q, want the body intact", seenBody)
 		}
 	}
+}
+
+// TestLostLockWhenNextAborts is reverse_proxy's way: its upstream request is
+// cancelled mid-body, so it panics with http.ErrAbortHandler itself.
+func TestLostLockWhenNextAborts(t *testing.T) {
+	srv, rdb := unitRedis(t)
+	h := unitHandler(t, srv.Addr, func(h *Handler) {
+		h.TTL = caddy.Duration(3 * time.Second)
+		h.Renew = caddy.Duration(100 * time.Millisecond)
+	})
+	key := lock.Key(DefaultPrefix, "", "k11")
+	var sawCancel atomic.Bool
+	r, repl := unitRequest("POST", "k11", "")
+	lostBefore := counterValue(t, metrics.lost)
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			loseLock(t, rdb, key, "partial", &sawCancel).ServeHTTP(w, r)
+			panic(http.ErrAbortHandler)
+		}))
+	}()
+	if recovered != http.ErrAbortHandler || redisExists(t, rdb, key) {
+		t.Fatalf("recovered %v, lock left %v", recovered, redisExists(t, rdb, key))
+	}
+	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
+		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))
+	}
+}
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
