@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -8,10 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -247,6 +250,19 @@ func (c *RedisConfig) poolKey() string {
 	return "redis_lock:" + hex.EncodeToString(sum[:])
 }
 
+// goRedisLogger sends go-redis's own messages (dial failures, ...) to Caddy's
+// log instead of stderr. They are debug-level: the handler already warns
+// about every request that Redis failed.
+type goRedisLogger struct{ l *zap.Logger }
+
+func (g goRedisLogger) Printf(_ context.Context, format string, v ...any) {
+	if ce := g.l.Check(zapcore.DebugLevel, "go-redis"); ce != nil {
+		ce.Write(zap.String("message", fmt.Sprintf(format, v...)))
+	}
+}
+
+var setGoRedisLogger sync.Once
+
 // clients shares Redis clients between handlers and config reloads.
 var clients = caddy.NewUsagePool()
 
@@ -258,6 +274,7 @@ func (p pooledClient) Destruct() error { return p.Close() }
 // acquireClient returns the shared client for c and its pool key; every call
 // must be matched by releaseClient(key).
 func acquireClient(c *RedisConfig) (redis.UniversalClient, string, error) {
+	setGoRedisLogger.Do(func() { redis.SetLogger(goRedisLogger{caddy.Log().Named("redis_lock.go-redis")}) })
 	key := c.poolKey()
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
 		rdb, err := newClient(c)
