@@ -14,7 +14,7 @@ import (
 // its own lock. It never buffers more than one byte.
 type holdWriter struct {
 	*caddyhttp.ResponseWriterWrapper
-	held    byte
+	held    [1]byte // an array, so writing it allocates nothing
 	holding bool
 	started bool // status line or body bytes passed to the client side
 }
@@ -46,7 +46,7 @@ func (w *holdWriter) Write(p []byte) (int, error) {
 			return n, err
 		}
 	}
-	w.held, w.holding = p[len(p)-1], true
+	w.held[0], w.holding = p[len(p)-1], true
 	return len(p), nil
 }
 
@@ -56,7 +56,7 @@ func (w *holdWriter) writeHeld() error {
 		return nil
 	}
 	w.holding = false
-	_, err := w.ResponseWriter.Write([]byte{w.held})
+	_, err := w.ResponseWriter.Write(w.held[:])
 	return err
 }
 
