@@ -12,6 +12,9 @@ import (
 	_ "github.com/reqlock/caddy-redis-lock" // the redis_lock directive
 )
 
+// demoPrefix keeps the demo's keys apart in an existing Redis (REDIS_ADDR).
+const demoPrefix = "demo:redis_lock:"
+
 // caddySites are the two routes the storm hits, both in front of the backend.
 type caddySites struct {
 	PlainAddr  string // plain reverse_proxy
@@ -21,8 +24,8 @@ type caddySites struct {
 	TTL        string // lease, a Caddy duration
 }
 
-// Caddyfile is the demo's configuration, printed as it is loaded so a reader
-// can copy the locked site into their own Caddyfile.
+// Caddyfile is the demo's configuration; -serve prints it, so a reader can
+// copy the locked site into their own Caddyfile.
 func (s caddySites) Caddyfile() string {
 	return fmt.Sprintf(`{
 	admin off
@@ -44,11 +47,12 @@ http://%[1]s {
 http://%[2]s {
 	redis_lock {http.request.header.Idempotency-Key} {
 		ttl %[5]s
+		prefix %[6]s
 		redis %[4]s
 	}
 	reverse_proxy %[3]s
 }
-`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL)
+`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL, demoPrefix)
 }
 
 // startCaddy adapts caddyfile and runs it in this process; stop with

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -37,6 +38,9 @@ func main() {
 	o, err := runDemo(ctx, opt, os.Stdout)
 	stop()
 	switch {
+	case errors.Is(err, context.Canceled):
+		fmt.Fprintln(os.Stderr, "demo: interrupted; Caddy, the backend and Redis are stopped")
+		os.Exit(130)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)

@@ -41,7 +41,8 @@ func (r *demoRedis) Close() {
 func startRedis(forceEmbedded bool) (*demoRedis, error) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" && !forceEmbedded {
 		return &demoRedis{Addr: addr, Kind: redisExisting,
-			About: fmt.Sprintf("existing Redis at %s (from REDIS_ADDR)", addr)}, nil
+			About: fmt.Sprintf("existing Redis at %s (from REDIS_ADDR; keys under %s, fencing counters expire in 7 days)",
+				addr, demoPrefix)}, nil
 	}
 	if redistest.Available() && !forceEmbedded {
 		s, err := redistest.Launch()

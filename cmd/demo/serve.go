@@ -5,10 +5,12 @@ import (
 	"io"
 )
 
-// printTryIt prints curl commands to try the running demo by hand.
+// printTryIt prints the running Caddyfile and curl commands to try the demo
+// by hand.
 func printTryIt(out io.Writer, s caddySites, backend string) {
+	fmt.Fprintf(out, "\nThe Caddyfile Caddy is running:\n\n%s", s.Caddyfile())
 	charge := func(addr, order string, extra string) string {
-		return fmt.Sprintf("curl -s -X POST http://%s/charge -H 'Idempotency-Key: %s'%s -d '{\"order_id\":\"%s\",\"amount_cents\":1299}'",
+		return fmt.Sprintf("curl -s -w '\\n' -X POST http://%s/charge -H 'Idempotency-Key: %s'%s -d '{\"order_id\":\"%s\",\"amount_cents\":1299}'",
 			addr, order, extra, order)
 	}
 	fmt.Fprintf(out, `
