@@ -76,9 +76,17 @@ func run(m *testing.M) int {
 	}
 	add("raw", newRaw(srv.Addr))
 	add("reqlock", newReqlock(srv.Addr))
+	rap, err := newReqlockAutoPipeline(srv.Addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: autopipeline:", err)
+		return 1
+	}
 	add("bsm", newBSM(srv.Addr))
 	add("redsync", newRedsync(srv.Addr))
 	add("rueidislock", rl)
+	// Not a peer library: this library over go-redis's AutoPipeliner, which
+	// batches concurrent commands into pipelines (the load test's question).
+	add("reqlock-autopipeline", rap)
 	defer func() {
 		for _, l := range libs {
 			l.c.close()
@@ -222,6 +230,18 @@ func (r *reqlockCycler) cycle(ctx context.Context, key string) (bool, error) {
 }
 
 func (r *reqlockCycler) close() { r.rdb.Close() }
+
+// newReqlockAutoPipeline is reqlock on the same go-redis options, through the
+// client's AutoPipeliner.
+func newReqlockAutoPipeline(addr string) (*reqlockCycler, error) {
+	rdb := newGoRedis(addr)
+	ap, err := rdb.AutoPipeline()
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	return &reqlockCycler{rdb: rdb, c: lock.New(ap, nil)}, nil
+}
 
 // bsm: github.com/bsm/redislock, no retry.
 type bsmCycler struct {
