@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,6 +110,18 @@ func TestStartRedisChoice(t *testing.T) {
 		defer r.Close()
 		if r.Kind != redisEmbedded {
 			t.Errorf("got %q", r.Kind)
+		}
+	})
+	t.Run("no redis-server on PATH", func(t *testing.T) {
+		t.Setenv("REDIS_ADDR", "")
+		t.Setenv("PATH", t.TempDir())
+		r, err := startRedis(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if r.Kind != redisEmbedded || !strings.Contains(r.About, "for demos and tests only") {
+			t.Errorf("got %q: %s", r.Kind, r.About)
 		}
 	})
 	t.Run("redis-server", func(t *testing.T) {
