@@ -244,3 +244,26 @@ func TestServeAndCtrlC(t *testing.T) {
 		t.Errorf("redis-server at %s still accepts connections after the demo stopped", redisAddr)
 	}
 }
+
+func TestVerdict(t *testing.T) {
+	locked := func(statuses map[int]int, doubles, errs int) outcome {
+		return outcome{Locked: stormResult{
+			Config:   stormConfig{Orders: 2, Duplicates: 3},
+			Statuses: statuses, Errors: errs, Ledger: LedgerStats{DoubleCharges: doubles},
+		}}
+	}
+	for _, tc := range []struct {
+		name string
+		o    outcome
+		ok   bool
+	}{
+		{"one charge per order, 409s", locked(map[int]int{200: 2, 409: 4}, 0, 0), true},
+		{"a double charge", locked(map[int]int{200: 3, 409: 3}, 1, 0), false},
+		{"a 503", locked(map[int]int{200: 2, 409: 3, 503: 1}, 0, 0), false},
+		{"a transport error", locked(map[int]int{200: 2, 409: 3}, 0, 1), false},
+	} {
+		if got := tc.o.ok(); got != tc.ok {
+			t.Errorf("%s: ok() = %v, want %v", tc.name, got, tc.ok)
+		}
+	}
+}
