@@ -94,10 +94,12 @@ go build -o "$work/upstream" ./cmd/loadupstream
 redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
 	--daemonize no --loglevel warning --dir "$work" >"$work/redis.log" 2>&1 &
+redis_pid=$!
 pids+=($!)
 wait_port "$redis_port" redis-server
 
 "$work/upstream" -addr 127.0.0.1:0 >"$work/upstream.out" 2>&1 &
+upstream_pid=$!
 pids+=($!)
 for _ in $(seq 150); do
 	[ -s "$work/upstream.out" ] && break
@@ -111,6 +113,7 @@ while [ "$locked_port" = "$plain_port" ]; do locked_port=$(free_port); done
 LT_PLAIN_PORT=$plain_port LT_LOCKED_PORT=$locked_port LT_UPSTREAM=$upstream \
 	LT_REDIS=127.0.0.1:$redis_port \
 	"$caddy" run --adapter caddyfile --config "$caddyfile" >"$work/caddy.log" 2>&1 &
+caddy_pid=$!
 pids+=($!)
 if ! wait_port "$plain_port" caddy || ! wait_port "$locked_port" caddy; then
 	cat "$work/caddy.log" >&2
@@ -142,16 +145,28 @@ done
 echo "caddy $("$caddy" version | awk '{print $1}'), redis $(redis-server --version | awk '{print $3}'), wrk $(wrk --version 2>&1 | head -n1 | awk '{print $2}'), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "wrk -t$threads -c$conns -d$duration, distinct Idempotency-Key per request; $rounds rounds, plain and locked alternating"
 
+# cpu_ticks PID: user+system CPU time of a process, in clock ticks.
+cpu_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
+
 nonce=$(date +%s)
 bad=0
 rps=0
-# run KIND URL DURATION: one wrk run; sets rps, flags errors of locked runs.
+cpu=""
+# run KIND URL DURATION: one wrk run; sets rps and cpu (CPU time per request
+# of Caddy, Redis and the upstream, which moves less than req/s when the
+# machine is shared), flags errors of locked runs.
 run() {
-	local kind=$1 url=$2 d=$3 out non2xx sockerr
+	local kind=$1 url=$2 d=$3 out non2xx sockerr c0 r0 u0 n
 	nonce=$((nonce + 1))
+	c0=$(cpu_ticks "$caddy_pid") r0=$(cpu_ticks "$redis_pid") u0=$(cpu_ticks "$upstream_pid")
 	out=$(wrk -t"$threads" -c"$conns" -d"$d" -s scripts/loadtest/keys.lua "$url" -- "$nonce-$kind")
 	rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
 	rps=${rps:-0}
+	n=$(awk '/requests in/ {print $1}' <<<"$out")
+	cpu=$(awk -v n="${n:-0}" -v hz="$hz" -v c="$(($(cpu_ticks "$caddy_pid") - c0))" \
+		-v r="$(($(cpu_ticks "$redis_pid") - r0))" -v u="$(($(cpu_ticks "$upstream_pid") - u0))" \
+		'BEGIN {if (n > 0) printf "CPU/req: caddy %4.0fµs  redis %3.0fµs  upstream %3.0fµs", c*1e6/hz/n, r*1e6/hz/n, u*1e6/hz/n}')
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' <<<"$out")
 	sockerr=$(grep -o 'Socket errors:.*' <<<"$out" || true)
 	if [ -n "$non2xx" ] || [ -n "$sockerr" ]; then
@@ -169,10 +184,10 @@ locked=()
 for i in $(seq "$rounds"); do
 	run plain "$plain_url" "$duration"
 	plain+=("$rps")
-	printf 'round %d  plain   %10.1f req/s\n' "$i" "$rps"
+	printf 'round %d  plain   %10.1f req/s   %s\n' "$i" "$rps" "$cpu"
 	run locked "$locked_url" "$duration"
 	locked+=("$rps")
-	printf 'round %d  locked  %10.1f req/s\n' "$i" "$rps"
+	printf 'round %d  locked  %10.1f req/s   %s\n' "$i" "$rps" "$cpu"
 done
 
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
