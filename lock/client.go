@@ -12,10 +12,11 @@ package lock
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,10 +25,9 @@ import (
 
 // Defaults used when the corresponding field is zero.
 const (
-	DefaultTTL            = 10 * time.Second
-	DefaultFenceTTL       = 7 * 24 * time.Hour
-	DefaultReleaseTimeout = time.Second
-	DefaultPrefix         = "redis_lock:"
+	DefaultTTL      = 10 * time.Second
+	DefaultFenceTTL = 7 * 24 * time.Hour
+	DefaultPrefix   = "redis_lock:"
 )
 
 // NoRenew as Options.Renew turns the keep-alive off: the lease ends at its
@@ -58,7 +58,10 @@ type Config struct {
 	// every acquire refreshes it.
 	FenceTTL time.Duration
 	// ReleaseTimeout bounds Release, which runs detached from the caller's
-	// cancellation. Default 1s.
+	// cancellation. Default 0: the Redis client's own read and write
+	// timeouts bound it (go-redis: ReadTimeout, 3s unless set), which costs
+	// no timer per release; set it when those are longer than a release
+	// should take.
 	ReleaseTimeout time.Duration
 	// OnRenew, when set, is called after every keep-alive refresh with nil,
 	// ErrNotHeld or an ErrUnavailable error (for metrics).
@@ -84,9 +87,6 @@ func New(rdb redis.UniversalClient, cfg *Config) *Client {
 	}
 	if c.cfg.FenceTTL <= 0 {
 		c.cfg.FenceTTL = DefaultFenceTTL
-	}
-	if c.cfg.ReleaseTimeout <= 0 {
-		c.cfg.ReleaseTimeout = DefaultReleaseTimeout
 	}
 	c.fenceTTLArg = c.cfg.FenceTTL.Milliseconds()
 	return c
@@ -123,7 +123,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, e
 	if renew == 0 {
 		renew = ttl / 3
 	}
-	token := uuid.NewString()
+	token := newToken()
 	var waitUntil time.Time
 	if opt.Wait > 0 {
 		waitUntil = time.Now().Add(opt.Wait)
@@ -147,7 +147,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, e
 		}
 		// Full jitter on an exponential step, never past the wait or the
 		// holder's lease. All state is local to this call.
-		sleep := backoff/2 + rand.N(backoff/2+1)
+		sleep := backoff/2 + mrand.N(backoff/2+1)
 		if remaining > 0 && remaining < sleep {
 			sleep = remaining
 		}
@@ -163,6 +163,16 @@ func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, e
 		case <-t.C:
 		}
 	}
+}
+
+// newToken returns a random UUIDv4 string, with one allocation (uuid's own
+// NewString takes two).
+func newToken() string {
+	var u uuid.UUID
+	_, _ = rand.Read(u[:])  // crypto/rand.Read never fails (Go 1.24+)
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // RFC 4122 variant
+	return u.String()
 }
 
 const (
@@ -212,11 +222,16 @@ func (c *Client) refresh(ctx context.Context, key, token string, ttl time.Durati
 }
 
 // releaseToken deletes key if it still holds token, on a context detached from
-// the caller's cancellation and bounded by ReleaseTimeout.
+// the caller's cancellation, bounded by ReleaseTimeout or the client's
+// timeouts.
 func (c *Client) releaseToken(ctx context.Context, key, token string) error {
 	detached := context.WithoutCancel(ctx)
-	rctx, cancel := context.WithTimeout(detached, c.cfg.ReleaseTimeout)
-	defer cancel()
+	rctx := detached
+	if c.cfg.ReleaseTimeout > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(detached, c.cfg.ReleaseTimeout)
+		defer cancel()
+	}
 	n, err := releaseScript.Run(rctx, c.rdb, []string{key}, token).Int64()
 	if err != nil {
 		// The caller's context cannot end a release; the release's own

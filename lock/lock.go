@@ -114,9 +114,10 @@ func (l *Lock) setLease(sent time.Time, ttl time.Duration) {
 }
 
 // Release deletes the lock if it is still ours and stops the keep-alive. It
-// runs detached from ctx's cancellation (the caller may be gone) with the
-// client's ReleaseTimeout. It is safe to call more than once; a lock that has
-// expired or been taken over reports ErrNotHeld and is left alone.
+// runs detached from ctx's cancellation (the caller may be gone), bounded by
+// the client's ReleaseTimeout (default: the Redis client's read/write
+// timeouts). It is safe to call more than once; a lock that has expired or
+// been taken over reports ErrNotHeld and is left alone.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	l.done = true
