@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -62,6 +63,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // repeated subdirectives are errors.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
+	file, line := d.File(), d.Line()
 	if d.NextArg() {
 		h.Key = d.Val()
 		if d.NextArg() {
@@ -75,7 +77,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		name := d.Val()
 		if seen[name] {
-			return d.Errf("redis_lock: %s given more than once", name)
+			return d.Errf("%s given more than once", name)
 		}
 		seen[name] = true
 		var err error
@@ -117,14 +119,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Idempotency = new(IdempotencyConfig)
 			err = h.Idempotency.unmarshalCaddyfile(d)
 		default:
-			return d.Errf("redis_lock: unrecognized subdirective %q", name)
+			return d.Errf("unrecognized subdirective %q", name)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	if h.Key == "" {
-		return d.Err("redis_lock: a key is required (inline or with the key subdirective)")
+		// Reported at the directive's line, not at its closing brace.
+		return fmt.Errorf("a key is required (inline or with the key subdirective), at %s:%d", file, line)
 	}
 	return nil
 }
@@ -302,7 +305,7 @@ func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
 	}
 	v, err := humanize.ParseBytes(s)
 	if err != nil {
-		return d.Errf("parsing size %q: %v", s, err)
+		return d.Errf("invalid size %q (want a number of bytes with a unit, such as 64KiB or 1MB)", s)
 	}
 	if v == 0 || v > 1<<62 {
 		return d.Errf("size %q out of range", s)

@@ -122,7 +122,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"extra arg", "redis_lock k {\n ttl 1s 2s\n}", "wrong argument count"},
 		{"bad duration", "redis_lock k {\n ttl soon\n}", `invalid duration "soon"`},
 		{"bad renew", "redis_lock k {\n renew never\n}", `invalid duration "never"`},
-		{"bad size", "redis_lock k {\n max_body lots\n}", `parsing size "lots"`},
+		{"bad size", "redis_lock k {\n max_body lots\n}", `invalid size "lots"`},
 		{"zero size", "redis_lock k {\n max_body 0\n}", "out of range"},
 		{"bad enum", "redis_lock k {\n missing_key ignore\n}", `invalid value "ignore"`},
 		{"bad on_error", "redis_lock k {\n on_error retry\n}", `invalid value "retry"`},
