@@ -130,6 +130,11 @@ func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, e
 	}
 	backoff := minBackoff
 	for {
+		// Not every client checks the context before sending (go-redis's
+		// autopipeliner does not): a caller that is gone takes no lock.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		sent := time.Now()
 		fence, remaining, ok, err := c.acquireOnce(ctx, key, token, ttl)
 		if err != nil {
