@@ -182,7 +182,7 @@ func newClient(c *RedisConfig) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return redis.NewClient(&redis.Options{
+	rdb := redis.NewClient(&redis.Options{
 		Addr:      c.Addresses[0],
 		Username:  c.Username,
 		Password:  c.Password,
@@ -201,8 +201,29 @@ func newClient(c *RedisConfig) (redis.UniversalClient, error) {
 		// never applies twice.
 		MaxRetries:    1,
 		DialerRetries: 1,
-	}), nil
+	})
+	// Concurrent requests' lock commands share write and read system calls
+	// through go-redis's automatic pipelining. On the 2-core load test it
+	// cut Redis CPU per request by 40% and raised throughput through
+	// redis_lock from 0.61 to 0.72 of plain reverse_proxy (README). A queued
+	// command is bounded by Timeout rather than its context's deadline; the
+	// lock's own lease timer does not depend on either.
+	ap, err := rdb.AutoPipeline()
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	return pipelinedClient{ap, rdb}, nil
 }
+
+// pipelinedClient is the autopipeliner with a Close that closes the client
+// underneath too (closing the autopipeliner alone leaves it open).
+type pipelinedClient struct {
+	*redis.AutoPipeliner
+	base *redis.Client
+}
+
+func (p pipelinedClient) Close() error { return p.base.Close() }
 
 // String describes the connection with secrets redacted.
 func (c *RedisConfig) String() string {
