@@ -124,6 +124,15 @@ func (s *caddySite) reload() {
 	// The old servers closed their idle connections; a POST on one of
 	// them would fail with EOF, as it would for any client.
 	s.client.CloseIdleConnections()
+	// A connection accepted while the old servers stop can still be closed
+	// under a request (EOF): wait until a request gets through.
+	for i := 0; i < 40; i++ {
+		if _, err := s.send(context.Background(), "GET", "/reload-probe", ""); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.client.CloseIdleConnections()
 }
 
 // do sends a request to the site. hdr holds header name/value pairs.
