@@ -19,11 +19,15 @@ redis:
 fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet:
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	cd bench && $(GO) run $(STATICCHECK) ./...
 
-# test: every test, with the race detector, against real redis-server processes.
+# test: gofmt, go vet, staticcheck, then every test, with the race detector, against real redis-server processes.
 test: redis fmt-check vet
 	REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 20m ./...
 
