@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -71,17 +72,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 	}
-	seen := map[string]bool{}
-	if h.Key != "" {
-		seen["key"] = true
-	}
-	for d.NextBlock(0) {
-		name := d.Val()
-		if seen[name] {
-			return d.Errf("%s given more than once", name)
+	inlineKey := h.Key != ""
+	err := parseBlock(d, "", func(name string) (err error) {
+		if name == "key" && inlineKey {
+			return d.Errf("key given more than once")
 		}
-		seen[name] = true
-		var err error
 		switch name {
 		case "key":
 			err = oneArg(d, &h.Key)
@@ -122,11 +117,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Idempotency = new(IdempotencyConfig)
 			err = h.Idempotency.unmarshalCaddyfile(d)
 		default:
-			return d.Errf("unrecognized subdirective %q", name)
+			return errUnknownSubdirective
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if h.Key == "" {
 		// Reported at the directive's line, not at its closing brace.
@@ -138,14 +134,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // unmarshalCaddyfile parses `redis [<address>...] { ... }`.
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	c.Addresses = d.RemainingArgs()
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if seen[name] {
-			return d.Errf("redis: %s given more than once", name)
-		}
-		seen[name] = true
-		var err error
+	return parseBlock(d, "redis", func(name string) (err error) {
 		switch name {
 		case "address":
 			if len(c.Addresses) > 0 {
@@ -176,13 +165,10 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "pool_size":
 			err = intArg(d, &c.PoolSize)
 		default:
-			return d.Errf("redis: unrecognized subdirective %q", name)
+			return errUnknownSubdirective
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // unmarshalCaddyfile parses `tls [{ ... }]`.
@@ -190,14 +176,7 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if seen[name] {
-			return d.Errf("tls: %s given more than once", name)
-		}
-		seen[name] = true
-		var err error
+	return parseBlock(d, "tls", func(name string) (err error) {
 		switch name {
 		case "ca":
 			err = oneArg(d, &t.CA)
@@ -213,13 +192,10 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			t.InsecureSkipVerify = true
 		default:
-			return d.Errf("tls: unrecognized subdirective %q", name)
+			return errUnknownSubdirective
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // unmarshalCaddyfile parses `idempotency { ... }`.
@@ -227,14 +203,7 @@ func (c *IdempotencyConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if seen[name] {
-			return d.Errf("idempotency: %s given more than once", name)
-		}
-		seen[name] = true
-		var err error
+	return parseBlock(d, "idempotency", func(name string) (err error) {
 		switch name {
 		case "retention":
 			err = durationArg(d, &c.Retention)
@@ -243,13 +212,10 @@ func (c *IdempotencyConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "fingerprint":
 			err = c.parseFingerprint(d)
 		default:
-			return d.Errf("idempotency: unrecognized subdirective %q", name)
+			return errUnknownSubdirective
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // parseFingerprint parses `fingerprint <part>...`: method, path, query,
@@ -271,6 +237,34 @@ func (c *IdempotencyConfig) parseFingerprint(d *caddyfile.Dispenser) error {
 			c.FingerprintHeaders = append(c.FingerprintHeaders, args[i])
 		default:
 			return d.Errf("idempotency: unknown fingerprint part %q (want method, path, query, body or header <name>)", args[i])
+		}
+	}
+	return nil
+}
+
+// errUnknownSubdirective is what a parseBlock callback returns for a name it
+// does not know.
+var errUnknownSubdirective = errors.New("unknown subdirective")
+
+// parseBlock calls parse for each subdirective of the block that starts at
+// the current token, rejecting repeated and unknown ones. what prefixes the
+// messages ("redis: ..."); it is empty for the directive's own block.
+func parseBlock(d *caddyfile.Dispenser, what string, parse func(name string) error) error {
+	prefix := ""
+	if what != "" {
+		prefix = what + ": "
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if seen[name] {
+			return d.Errf("%s%s given more than once", prefix, name)
+		}
+		seen[name] = true
+		if err := parse(name); errors.Is(err, errUnknownSubdirective) {
+			return d.Errf("%sunrecognized subdirective %q", prefix, name)
+		} else if err != nil {
+			return err
 		}
 	}
 	return nil
