@@ -315,6 +315,53 @@ func TestFenceIncreasesAfterCounterExpired(t *testing.T) {
 	}
 }
 
+// A counter ahead of the Redis clock (tokens issued in the same microsecond,
+// the server clock set back, or a counter from an older version that counted
+// by INCR) is continued from, never gone below.
+func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(rdb, nil)
+	key := testKey(t)
+	const ahead = 9_000_000_000_000_000 // year 2255 in µs
+	if err := rdb.Set(ctx, FenceKey(key), ahead, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+		if want := int64(ahead + i + 1); l.Fence() != want {
+			t.Fatalf("cycle %d: fence %d, want %d", i, l.Fence(), want)
+		}
+		if pttl := rdb.PTTL(ctx, FenceKey(key)).Val(); pttl < DefaultFenceTTL-time.Minute {
+			t.Fatalf("cycle %d: counter PTTL %v, want about %v", i, pttl, DefaultFenceTTL)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Tokens from the clock are 16 digits: a longer counter is larger, a
+	// shorter one (an old INCR counter) is not.
+	if err := rdb.Set(ctx, FenceKey(key), "12345678901234567", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if l := mustAcquire(t, c, key, Options{TTL: time.Minute}); l.Fence() != 12345678901234568 {
+		t.Fatalf("after a 17-digit counter: fence %d", l.Fence())
+	} else if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, FenceKey(key), 42, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UnixMicro()
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if l.Fence() < before-int64(time.Minute/time.Microsecond) || l.Fence() > time.Now().UnixMicro()+int64(time.Minute/time.Microsecond) {
+		t.Fatalf("after a counter at 42: fence %d, want the Redis clock in µs (about %d)", l.Fence(), before)
+	}
+	if n, _ := rdb.Get(ctx, FenceKey(key)).Int64(); n != l.Fence() {
+		t.Fatalf("counter = %d, want the token issued, %d", n, l.Fence())
+	}
+}
+
 // A retried acquire (same token; the first reply was lost) succeeds and does
 // not issue a second fencing token.
 func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {

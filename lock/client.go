@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	mrand "math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -199,7 +200,7 @@ func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Du
 	if okReply {
 		var ok0, ok1 bool
 		won, ok0 = res[0].(int64)
-		n, ok1 = res[1].(int64)
+		n, ok1 = replyInt(res[1])
 		okReply = ok0 && ok1
 	}
 	if !okReply {
@@ -212,6 +213,20 @@ func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Du
 		remaining = time.Duration(n) * time.Millisecond
 	}
 	return 0, remaining, false, nil
+}
+
+// replyInt reads an integer reply, or a decimal string one: the script
+// returns a new fencing token as the string it stored, never through a Lua
+// float.
+func replyInt(v any) (int64, bool) {
+	switch v := v.(type) {
+	case int64:
+		return v, true
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
 }
 
 // refresh extends key's lease to ttl if it still holds token.
