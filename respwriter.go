@@ -8,16 +8,21 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// holdWriter passes the response through but holds back its last body byte,
-// so that the lock can be released before the client has the complete
-// response: a client that has its answer can retry at once without meeting
-// its own lock. It never buffers more than one byte.
+// holdWriter passes the response through but holds back its end, so that
+// the lock can be released before the client has the complete response: a
+// client that has its answer can retry at once without meeting its own lock.
+// It holds the latest write whole when that fits in holdSize bytes (a small
+// response then still reaches the client in one write, as without the lock),
+// otherwise its last byte.
 type holdWriter struct {
 	*caddyhttp.ResponseWriterWrapper
-	held    [1]byte // an array, so writing it allocates nothing
-	holding bool
-	started bool // status line or body bytes passed to the client side
+	held    [holdSize]byte // an array, so holding allocates nothing
+	n       int            // bytes held
+	started bool           // status line or body bytes passed to the client side
 }
+
+// holdSize covers a typical JSON API answer.
+const holdSize = 1024
 
 func newHoldWriter(w http.ResponseWriter) *holdWriter {
 	return &holdWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
@@ -32,7 +37,7 @@ func (w *holdWriter) WriteHeader(status int) {
 	w.ResponseWriter.WriteHeader(status)
 }
 
-// Write writes all but the last byte of p, after any byte held before.
+// Write writes what was held before and holds p, or its last byte.
 func (w *holdWriter) Write(p []byte) (int, error) {
 	w.started = true
 	if len(p) == 0 {
@@ -41,34 +46,37 @@ func (w *holdWriter) Write(p []byte) (int, error) {
 	if err := w.writeHeld(); err != nil {
 		return 0, err
 	}
-	if len(p) > 1 {
-		if n, err := w.ResponseWriter.Write(p[:len(p)-1]); err != nil {
-			return n, err
-		}
+	if len(p) <= holdSize {
+		w.n = copy(w.held[:], p)
+		return len(p), nil
 	}
-	w.held[0], w.holding = p[len(p)-1], true
+	if n, err := w.ResponseWriter.Write(p[:len(p)-1]); err != nil {
+		return n, err
+	}
+	w.held[0], w.n = p[len(p)-1], 1
 	return len(p), nil
 }
 
-// writeHeld writes the held byte, if any.
+// writeHeld writes the held bytes, if any.
 func (w *holdWriter) writeHeld() error {
-	if !w.holding {
+	if w.n == 0 {
 		return nil
 	}
-	w.holding = false
-	_, err := w.ResponseWriter.Write(w.held[:])
+	n := w.n
+	w.n = 0
+	_, err := w.ResponseWriter.Write(w.held[:n])
 	return err
 }
 
 // ReadFrom copies through Write, so the wrapped writer's own ReadFrom (which
-// would bypass the held byte) is never used.
+// would bypass the held bytes) is never used.
 func (w *holdWriter) ReadFrom(r io.Reader) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	return io.CopyBuffer(writerOnly{w}, r, *bp)
 }
 
-// FlushError writes the held byte and flushes: a streaming handler wants
+// FlushError writes the held bytes and flushes: a streaming handler wants
 // everything written so far at the client.
 func (w *holdWriter) FlushError() error {
 	w.started = true
@@ -81,11 +89,11 @@ func (w *holdWriter) FlushError() error {
 // Flush is FlushError for callers that use http.Flusher.
 func (w *holdWriter) Flush() { _ = w.FlushError() }
 
-// finish writes the held byte: called once the lock is released.
+// finish writes the held bytes: called once the lock is released.
 func (w *holdWriter) finish() error { return w.writeHeld() }
 
-// discard drops the held byte, so an aborted response stays incomplete.
-func (w *holdWriter) discard() { w.holding = false }
+// discard drops the held bytes, so an aborted response stays incomplete.
+func (w *holdWriter) discard() { w.n = 0 }
 
 // writerOnly hides holdWriter's ReadFrom from io.CopyBuffer.
 type writerOnly struct{ io.Writer }

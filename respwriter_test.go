@@ -60,34 +60,57 @@ func (p *probeWriter) ReadFrom(r io.Reader) (int64, error) {
 	return p.body.ReadFrom(r)
 }
 
-func TestHoldWriterHoldsLastByte(t *testing.T) {
+func TestHoldWriterHoldsTheEnd(t *testing.T) {
 	pw := newProbeWriter()
 	hw := newHoldWriter(pw)
 	if hw.WriteHeader(http.StatusEarlyHints); hw.started {
 		t.Error("a 1xx response must not count as started")
 	}
-	for _, s := range []string{"hello", "", "!", " world"} {
+	write := func(s, want string) {
+		t.Helper()
 		if n, err := hw.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
+			t.Fatalf("Write(%.10q) = %d, %v", s, n, err)
+		}
+		if got := pw.body.String(); got != want {
+			t.Fatalf("after Write(%.10q) the client side has %.20q (%d bytes), want %.20q (%d bytes)", s, got, len(got), want, len(want))
 		}
 	}
-	if got := pw.body.String(); got != "hello! worl" {
-		t.Fatalf("before finish the client side has %q, want all but the last byte", got)
+	write("hello", "")  // a small write is held whole
+	write("", "")       // an empty one passes and changes nothing
+	write("!", "hello") // the next write lets the held one go
+	big := strings.Repeat("x", holdSize+1)
+	write(big, "hello!"+big[:holdSize]) // a large one: all but its last byte
+	if pw.bodyWrites != 4 {
+		t.Errorf("%d writes reached the client side, want 4", pw.bodyWrites)
 	}
 	if n, err := hw.ReadFrom(strings.NewReader("+rf")); n != 3 || err != nil {
 		t.Fatalf("ReadFrom = %d, %v", n, err)
 	}
 	if pw.readFroms != 0 {
-		t.Error("ReadFrom went around the held byte to the wrapped writer")
+		t.Error("ReadFrom went around the held bytes to the wrapped writer")
 	}
-	if got := pw.body.String(); got != "hello! world+r" {
-		t.Fatalf("after ReadFrom: %q", got)
+	if got := pw.body.String(); got != "hello!"+big {
+		t.Fatalf("after ReadFrom: %.20q", got)
 	}
-	if err := hw.finish(); err != nil || pw.body.String() != "hello! world+rf" {
-		t.Fatalf("after finish: %q, %v", pw.body.String(), err)
+	if err := hw.finish(); err != nil || pw.body.String() != "hello!"+big+"+rf" {
+		t.Fatalf("after finish: %.20q, %v", pw.body.String(), err)
 	}
-	if err := hw.finish(); err != nil || pw.body.String() != "hello! world+rf" {
+	if err := hw.finish(); err != nil || pw.body.String() != "hello!"+big+"+rf" {
 		t.Fatal("a second finish must write nothing")
+	}
+}
+
+// A small response reaches the client side in one write, as it would
+// without the lock.
+func TestHoldWriterSmallResponseOneWrite(t *testing.T) {
+	pw := newProbeWriter()
+	hw := newHoldWriter(pw)
+	hw.Write([]byte(`{"ok":true}`))
+	if pw.bodyWrites != 0 {
+		t.Fatalf("%d writes before finish, want the response held", pw.bodyWrites)
+	}
+	if err := hw.finish(); err != nil || pw.bodyWrites != 1 || pw.body.String() != `{"ok":true}` {
+		t.Fatalf("after finish: %d writes of %q, %v", pw.bodyWrites, pw.body.String(), err)
 	}
 }
 
@@ -106,8 +129,8 @@ func TestHoldWriterFlushAndDiscard(t *testing.T) {
 	hw.Write([]byte("partial"))
 	hw.discard()
 	hw.finish()
-	if pw.body.String() != "data: 1\npartia" {
-		t.Fatalf("after discard: %q, want the held byte dropped", pw.body.String())
+	if pw.body.String() != "data: 1\n" {
+		t.Fatalf("after discard: %q, want the held write dropped", pw.body.String())
 	}
 	if !hw.started {
 		t.Error("writes must mark the response started")
@@ -320,18 +343,19 @@ func TestLostLockAfterBytesAborts(t *testing.T) {
 	})
 	key := lock.Key(DefaultPrefix, "", "k6")
 	var sawCancel atomic.Bool
+	partial := strings.Repeat("p", holdSize+10) // more than is held: bytes reach the client
 	pw := newProbeWriter()
 	r, _ := unitRequest("POST", "k6", "")
 	var recovered any
 	func() {
 		defer func() { recovered = recover() }()
-		h.ServeHTTP(pw, r, loseLock(t, rdb, key, "partial", &sawCancel))
+		h.ServeHTTP(pw, r, loseLock(t, rdb, key, partial, &sawCancel))
 	}()
 	if recovered != http.ErrAbortHandler || !sawCancel.Load() {
 		t.Fatalf("recovered %v, upstream cancelled %v: want http.ErrAbortHandler", recovered, sawCancel.Load())
 	}
-	if pw.body.String() != "partia" {
-		t.Errorf("client side got %q: the held byte must be dropped", pw.body.String())
+	if pw.body.String() != partial[:len(partial)-1] {
+		t.Errorf("client side got %d bytes: want all but the held last byte (%d)", pw.body.Len(), len(partial)-1)
 	}
 }
 
