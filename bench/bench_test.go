@@ -156,6 +156,35 @@ func BenchmarkParallelDistinct(b *testing.B) {
 	}
 }
 
+// BenchmarkParallelFresh: as ParallelDistinct, but every op locks a key never
+// used before, as the handler does with idempotency keys: for reqlock that is
+// the path that starts a new fencing counter.
+func BenchmarkParallelFresh(b *testing.B) {
+	for _, l := range libs {
+		b.Run("lib="+l.name, func(b *testing.B) {
+			var seq atomic.Int64
+			warm(b, l.c, "bench:"+l.name+":warm")
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			cpu := startCPU(b)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					key := "bench:" + l.name + ":f:" + strconv.FormatInt(seq.Add(1), 10)
+					ok, err := l.c.cycle(ctx, key)
+					if err != nil || !ok {
+						b.Errorf("cycle %s: obtained=%v err=%v", key, ok, err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			cpu.report()
+		})
+	}
+}
+
 // BenchmarkHotKey: 32 goroutines per CPU on one key. An op is one attempt;
 // obtained/op is the share of attempts that got the lock.
 func BenchmarkHotKey(b *testing.B) {
