@@ -405,26 +405,38 @@ func TestAcquireScriptFileRetry(t *testing.T) {
 	src := readScript(t, "acquire.lua")
 	key := testKey(t)
 	keys := []string{key, FenceKey(key)}
-	run := func(token string) []int64 {
+	// run returns the fencing token (a string reply) or the PTTL (an
+	// integer reply).
+	run := func(token string) (fence string, pttl int64) {
 		t.Helper()
-		res, err := rdb.Eval(ctx, src, keys, token, 60000, 3600000).Int64Slice()
+		res, err := rdb.Eval(ctx, src, keys, token, 60000, 3600000).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return res
+		switch v := res.(type) {
+		case string:
+			return v, 0
+		case int64:
+			return "", v
+		}
+		t.Fatalf("reply %T %v, want a string or an integer", res, res)
+		return "", 0
 	}
 	tok := uuid.NewString()
-	a, b := run(tok), run(tok)
-	if a[0] != 1 || b[0] != 1 || a[1] != b[1] {
-		t.Fatalf("same token twice: %v then %v, want {1, f} twice with the same f", a, b)
+	a, _ := run(tok)
+	b, _ := run(tok)
+	if a == "" || a != b {
+		t.Fatalf("same token twice: %q then %q, want the same fencing token twice", a, b)
 	}
-	if c := run(uuid.NewString()); c[0] != 0 || c[1] <= 0 || c[1] > 60000 {
-		t.Fatalf("other token: %v, want {0, pttl}", c)
+	if f, pttl := run(uuid.NewString()); f != "" || pttl <= 0 || pttl > 60000 {
+		t.Fatalf("other token: fence %q, pttl %d, want the holder's PTTL", f, pttl)
 	}
 	if err := rdb.Del(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if d := run(uuid.NewString()); d[0] != 1 || d[1] <= a[1] {
-		t.Fatalf("after release: %v, want {1, > %d}", d, a[1])
+	d, _ := run(uuid.NewString())
+	an, _ := strconv.ParseInt(a, 10, 64)
+	if dn, err := strconv.ParseInt(d, 10, 64); err != nil || dn <= an {
+		t.Fatalf("after release: fence %q, want above %s", d, a)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
+	"fmt"
 	mrand "math/rand/v2"
 	"strconv"
 	"time"
@@ -189,44 +189,23 @@ const (
 // acquireOnce runs the acquire script: the lock and its fencing token, or the
 // holder's remaining lease.
 func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Duration) (fence int64, remaining time.Duration, ok bool, err error) {
-	// Slice, not Int64Slice: the reply is read in place, without a copy.
 	res, err := acquireScript.Run(ctx, c.rdb, []string{key, FenceKey(key)},
-		token, ttl.Milliseconds(), c.fenceTTLArg).Slice()
+		token, ttl.Milliseconds(), c.fenceTTLArg).Result()
 	if err != nil {
 		return 0, 0, false, classify(ctx, err)
 	}
-	var won, n int64
-	okReply := len(res) == 2
-	if okReply {
-		var ok0, ok1 bool
-		won, ok0 = res[0].(int64)
-		n, ok1 = replyInt(res[1])
-		okReply = ok0 && ok1
+	switch v := res.(type) {
+	case string: // ours: the fencing token
+		if fence, perr := strconv.ParseInt(v, 10, 64); perr == nil {
+			return fence, 0, true, nil
+		}
+	case int64: // held by another: its PTTL (negative: no TTL, or just gone)
+		if v > 0 {
+			remaining = time.Duration(v) * time.Millisecond
+		}
+		return 0, remaining, false, nil
 	}
-	if !okReply {
-		return 0, 0, false, classify(ctx, errors.New("unexpected reply from acquire script"))
-	}
-	if won == 1 {
-		return n, 0, true, nil
-	}
-	if n > 0 {
-		remaining = time.Duration(n) * time.Millisecond
-	}
-	return 0, remaining, false, nil
-}
-
-// replyInt reads an integer reply, or a decimal string one: the script
-// returns a new fencing token as the string it stored, never through a Lua
-// float.
-func replyInt(v any) (int64, bool) {
-	switch v := v.(type) {
-	case int64:
-		return v, true
-	case string:
-		n, err := strconv.ParseInt(v, 10, 64)
-		return n, err == nil
-	}
-	return 0, false
+	return 0, 0, false, classify(ctx, fmt.Errorf("unexpected reply from acquire script: %T %v", res, res))
 }
 
 // refresh extends key's lease to ttl if it still holds token.
