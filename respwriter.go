@@ -15,10 +15,10 @@ import (
 // response then still reaches the client in one write, as without the lock),
 // otherwise its last byte.
 type holdWriter struct {
-	caddyhttp.ResponseWriterWrapper // by value: one allocation per request, not two
-	held    [holdSize]byte // an array, so holding allocates nothing
-	n       int            // bytes held
-	started bool           // status line or body bytes passed to the client side
+	caddyhttp.ResponseWriterWrapper                // by value: one allocation per request, not two
+	held                            [holdSize]byte // an array, so holding allocates nothing
+	n                               int            // bytes held
+	started                         bool           // status line or body bytes passed to the client side
 }
 
 // holdSize covers a typical JSON API answer.
