@@ -57,6 +57,9 @@ func (l *Lock) Key() string { return l.key }
 func (l *Lock) Token() string { return l.token }
 
 // Fence is the fencing token: larger than any earlier holder's of this key.
+// It is the Redis clock in microseconds when this lock was taken, or one more
+// than the key's last token when that is larger: compare tokens, do not
+// count them.
 func (l *Lock) Fence() int64 { return l.fence }
 
 // Context is cancelled when the lock is released or lost, or the context
