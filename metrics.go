@@ -72,25 +72,19 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // observeRenew is the lock library's OnRenew hook.
-func observeRenew(err error) {
-	switch {
-	case err == nil:
-		metrics.renewals.WithLabelValues("ok").Inc()
-	case errors.Is(err, lock.ErrNotHeld):
-		metrics.renewals.WithLabelValues("not_held").Inc()
-	default:
-		metrics.renewals.WithLabelValues("error").Inc()
-	}
-}
+func observeRenew(err error) { observeOutcome(metrics.renewals, "ok", err) }
 
 // observeRelease counts a release by its outcome.
-func observeRelease(err error) {
+func observeRelease(err error) { observeOutcome(metrics.release, "released", err) }
+
+// observeOutcome counts err on vec: okLabel, not_held or error.
+func observeOutcome(vec *prometheus.CounterVec, okLabel string, err error) {
+	label := "error"
 	switch {
 	case err == nil:
-		metrics.release.WithLabelValues("released").Inc()
+		label = okLabel
 	case errors.Is(err, lock.ErrNotHeld):
-		metrics.release.WithLabelValues("not_held").Inc()
-	default:
-		metrics.release.WithLabelValues("error").Inc()
+		label = "not_held"
 	}
+	vec.WithLabelValues(label).Inc()
 }

@@ -311,12 +311,16 @@ func loseLock(t *testing.T, rdb *redis.Client, key, write string, sawCancel *ato
 	})
 }
 
+// fastRenew gives a handler a 3s lease renewed every 100ms, so a lock
+// deleted behind its back is noticed within about 100ms.
+func fastRenew(h *Handler) {
+	h.TTL = caddy.Duration(3 * time.Second)
+	h.Renew = caddy.Duration(100 * time.Millisecond)
+}
+
 func TestLostLockBeforeResponse(t *testing.T) {
 	srv, rdb := unitRedis(t)
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		h.TTL = caddy.Duration(3 * time.Second)
-		h.Renew = caddy.Duration(100 * time.Millisecond)
-	})
+	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k5")
 	var sawCancel atomic.Bool
 	rec := httptest.NewRecorder()
@@ -337,10 +341,7 @@ func TestLostLockBeforeResponse(t *testing.T) {
 
 func TestLostLockAfterBytesAborts(t *testing.T) {
 	srv, rdb := unitRedis(t)
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		h.TTL = caddy.Duration(3 * time.Second)
-		h.Renew = caddy.Duration(100 * time.Millisecond)
-	})
+	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k6")
 	var sawCancel atomic.Bool
 	partial := strings.Repeat("p", holdSize+10) // more than is held: bytes reach the client
@@ -391,10 +392,7 @@ func TestLostLockContinue(t *testing.T) {
 // is closed, the client sees a truncated body and no 500.
 func TestAbortReachesClientAsBrokenResponse(t *testing.T) {
 	srv, rdb := unitRedis(t)
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		h.TTL = caddy.Duration(3 * time.Second)
-		h.Renew = caddy.Duration(100 * time.Millisecond)
-	})
+	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k8")
 	var sawCancel atomic.Bool
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -519,10 +517,7 @@ func TestJSONBodyHandedOn(t *testing.T) {
 // cancelled mid-body, so it panics with http.ErrAbortHandler itself.
 func TestLostLockWhenNextAborts(t *testing.T) {
 	srv, rdb := unitRedis(t)
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		h.TTL = caddy.Duration(3 * time.Second)
-		h.Renew = caddy.Duration(100 * time.Millisecond)
-	})
+	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k11")
 	var sawCancel atomic.Bool
 	r, repl := unitRequest("POST", "k11", "")

@@ -130,39 +130,21 @@ func BenchmarkSerial(b *testing.B) {
 
 // BenchmarkParallelDistinct: 32 goroutines per CPU, each cycling its own key,
 // so nothing contends but the client, the network and Redis.
-func BenchmarkParallelDistinct(b *testing.B) {
-	for _, l := range libs {
-		b.Run("lib="+l.name, func(b *testing.B) {
-			var seq atomic.Int64
-			warm(b, l.c, "bench:"+l.name+":warm")
-			b.SetParallelism(32)
-			b.ReportAllocs()
-			cpu := startCPU(b)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				ctx := context.Background()
-				key := "bench:" + l.name + ":p:" + strconv.FormatInt(seq.Add(1), 10)
-				for pb.Next() {
-					ok, err := l.c.cycle(ctx, key)
-					if err != nil || !ok {
-						b.Errorf("cycle %s: obtained=%v err=%v", key, ok, err)
-						return
-					}
-				}
-			})
-			b.StopTimer()
-			cpu.report()
-		})
-	}
-}
+func BenchmarkParallelDistinct(b *testing.B) { benchParallel(b, false) }
 
 // BenchmarkParallelFresh: as ParallelDistinct, but every op locks a key never
 // used before, as the handler does with idempotency keys: for reqlock that is
-// the path that starts a new fencing counter.
-func BenchmarkParallelFresh(b *testing.B) {
+// the path that starts a new fencing counter. Building the key costs every
+// library the same two allocations.
+func BenchmarkParallelFresh(b *testing.B) { benchParallel(b, true) }
+
+// benchParallel runs 32 goroutines per CPU on keys of their own: one per
+// goroutine, or (fresh) a new one every op.
+func benchParallel(b *testing.B, fresh bool) {
 	for _, l := range libs {
 		b.Run("lib="+l.name, func(b *testing.B) {
 			var seq atomic.Int64
+			next := func() string { return "bench:" + l.name + ":p:" + strconv.FormatInt(seq.Add(1), 10) }
 			warm(b, l.c, "bench:"+l.name+":warm")
 			b.SetParallelism(32)
 			b.ReportAllocs()
@@ -170,8 +152,11 @@ func BenchmarkParallelFresh(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				ctx := context.Background()
+				key := next()
 				for pb.Next() {
-					key := "bench:" + l.name + ":f:" + strconv.FormatInt(seq.Add(1), 10)
+					if fresh {
+						key = next()
+					}
 					ok, err := l.c.cycle(ctx, key)
 					if err != nil || !ok {
 						b.Errorf("cycle %s: obtained=%v err=%v", key, ok, err)
