@@ -38,7 +38,6 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_error       fail_closed|fail_open
 //		lost_lock      abort|continue
 //		fencing_header <name>|off
-//		fence_ttl      <duration>
 //		max_body       <size>
 //		errors         respond|handle_errors
 //		redis [<address>...] {
@@ -106,8 +105,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = oneArg(d, &h.FencingHeader); err == nil && h.FencingHeader == "off" {
 				h.FencingHeader, h.FencingHeaderOff = "", true
 			}
-		case "fence_ttl":
-			err = durationArg(d, &h.FenceTTL)
 		case "max_body":
 			err = sizeArg(d, &h.MaxBody)
 		case "redis":

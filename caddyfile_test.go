@@ -162,7 +162,6 @@ func TestValidate(t *testing.T) {
 		{"renew not below ttl", func(h *Handler) { h.Renew = h.TTL }, "must be shorter than ttl"},
 		{"negative wait", func(h *Handler) { h.Wait = -1 }, "wait must not be negative"},
 		{"negative max_body", func(h *Handler) { h.MaxBody = -1 }, "max_body must be positive"},
-		{"fence_ttl not above ttl", func(h *Handler) { h.FenceTTL = h.TTL }, "fence_ttl (10s) must be longer than ttl (10s)"},
 		{"bad enum", func(h *Handler) { h.OnError = "maybe" }, `on_error must be fail_closed or fail_open, got "maybe"`},
 		{"bad header", func(h *Handler) { h.FencingHeader = "Fencing Token" }, "not a valid header name"},
 		{"idempotency", func(h *Handler) { h.Idempotency = &IdempotencyConfig{} }, "idempotency is not supported yet"},

@@ -221,8 +221,8 @@ func TestMissingKey(t *testing.T) {
 		t.Fatalf("backend called %d times for requests without a key", be.count())
 	}
 	// The empty key must never become the shared lock "order:".
-	if keyExists(t, rdb, lock.FenceKey(defaultKey("order:"))) || keyExists(t, rdb, lock.FenceKey(defaultKey(""))) {
-		t.Fatal("a lock was taken for an empty key")
+	if keyExists(t, rdb, lock.FenceCounterKey(DefaultPrefix)) {
+		t.Fatal("a lock was taken for an empty key: a fencing token was issued")
 	}
 	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
 		t.Fatalf("lock keys left: %v", keys)
@@ -574,7 +574,7 @@ func TestEarlyDataTooEarly(t *testing.T) {
 		t.Fatalf("early data: status %d, next called %d times; want 425 and not called", w.Code, calls)
 	}
 	expectProblem(t, &response{Status: w.Code, Header: w.Header(), Body: w.Body.String()}, http.StatusTooEarly)
-	if keyExists(t, rdb, lock.FenceKey(defaultKey("early"))) {
+	if keyExists(t, rdb, lock.FenceCounterKey(DefaultPrefix)) {
 		t.Error("a lock was taken for a request with early data")
 	}
 
@@ -868,5 +868,28 @@ func TestHandleErrorsMode(t *testing.T) {
 	}
 	if be.count() != 0 {
 		t.Fatalf("backend called %d times", be.count())
+	}
+}
+
+// Each prefix has its own fencing counter, <prefix>fence, holding the last
+// token issued; the released lock leaves nothing else behind.
+func TestPrefixNamesFenceCounter(t *testing.T) {
+	srv, rdb := unitRedis(t)
+	h := unitHandler(t, srv.Addr, func(h *Handler) { h.Prefix = "shop:" })
+	var sent string
+	r, _ := unitRequest("POST", "k-prefix", "")
+	err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+		sent = r.Header.Get("Fencing-Token")
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if got := rdb.Get(ctx, "shop:fence").Val(); got == "" || got != sent {
+		t.Fatalf("shop:fence = %q, fencing header upstream %q: want the same token", got, sent)
+	}
+	if keys := rdb.Keys(ctx, "*").Val(); len(keys) != 1 {
+		t.Fatalf("keys after the request: %v, want only shop:fence", keys)
 	}
 }

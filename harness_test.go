@@ -253,7 +253,7 @@ func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 	return srv, rdb
 }
 
-// lockKeys lists the lock keys (not the fencing counters) under prefix.
+// lockKeys lists the lock keys (not the fencing counter) under prefix.
 func lockKeys(t *testing.T, rdb *redis.Client, prefix string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -261,9 +261,7 @@ func lockKeys(t *testing.T, rdb *redis.Client, prefix string) []string {
 	var keys []string
 	iter := rdb.Scan(ctx, 0, prefix+"{*", 100).Iterator()
 	for iter.Next(ctx) {
-		if k := iter.Val(); !strings.HasSuffix(k, ":fence") {
-			keys = append(keys, k)
-		}
+		keys = append(keys, iter.Val())
 	}
 	if err := iter.Err(); err != nil {
 		t.Fatalf("SCAN: %v", err)
@@ -277,7 +275,11 @@ func holdLock(t *testing.T, rdb *redis.Client, key string, ttl time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := rdb.Set(ctx, key, "another-node", ttl).Err(); err != nil {
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, key, "another-node", "1")
+		p.PExpire(ctx, key, ttl)
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -87,7 +87,9 @@ type Handler struct {
 	// Default: 0 (do not wait).
 	Wait caddy.Duration `json:"wait,omitempty"`
 
-	// Prefix of the Redis keys. Default: "redis_lock:".
+	// Prefix of the Redis keys: locks are <prefix>{<sha256 hex>}, and
+	// <prefix>fence holds the last fencing token issued under the prefix.
+	// Default: "redis_lock:".
 	Prefix string `json:"prefix,omitempty"`
 
 	// Scope is a template (same placeholders as Key) hashed into the key
@@ -118,12 +120,6 @@ type Handler struct {
 	// FencingHeaderOff turns the fencing header off (Caddyfile:
 	// fencing_header off).
 	FencingHeaderOff bool `json:"fencing_header_off,omitempty"`
-
-	// FenceTTL is how long a key's fencing counter is kept after its last
-	// acquire; within it, fencing tokens strictly increase even if the Redis
-	// clock steps back. Every new key leaves a counter of about 200 bytes
-	// for this long. Default: 168h (7 days).
-	FenceTTL caddy.Duration `json:"fence_ttl,omitempty"`
 
 	// MaxBody is how many bytes of the request body are read when the key
 	// or scope uses {http.redis_lock.json.*}; a larger body gets 413.
@@ -196,7 +192,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
 	h.poolKey = key
-	h.locker = lock.New(rdb, &lock.Config{OnRenew: observeRenew, FenceTTL: time.Duration(h.FenceTTL)})
+	h.locker = lock.New(rdb, &lock.Config{OnRenew: observeRenew, FenceKey: lock.FenceCounterKey(h.Prefix)})
 	h.logger.Debug("redis_lock provisioned",
 		zap.Object("redis", rc), zap.Duration("ttl", time.Duration(h.TTL)))
 	return nil
@@ -221,9 +217,6 @@ func (h *Handler) applyDefaults() {
 	}
 	if h.FencingHeader == "" && !h.FencingHeaderOff {
 		h.FencingHeader = DefaultFencingHeader
-	}
-	if h.FenceTTL == 0 {
-		h.FenceTTL = caddy.Duration(lock.DefaultFenceTTL)
 	}
 	if h.MaxBody == 0 {
 		h.MaxBody = DefaultMaxBody
@@ -250,7 +243,6 @@ func (h *Handler) Validate() error {
 	check(h.Renew == 0 || h.Renew < h.TTL, "renew (%v) must be shorter than ttl (%v)", time.Duration(h.Renew), time.Duration(h.TTL))
 	check(h.Renew == 0 || !h.RenewOff, "renew and renew_off are mutually exclusive")
 	check(h.Wait >= 0, "wait must not be negative, got %v", time.Duration(h.Wait))
-	check(h.FenceTTL == 0 || h.FenceTTL > h.TTL, "fence_ttl (%v) must be longer than ttl (%v)", time.Duration(h.FenceTTL), time.Duration(h.TTL))
 	check(h.MaxBody > 0, "max_body must be positive, got %d", h.MaxBody)
 	check(h.MissingKey == MissingKeyReject || h.MissingKey == MissingKeyPass,
 		"missing_key must be %s or %s, got %q", MissingKeyReject, MissingKeyPass, h.MissingKey)

@@ -197,7 +197,7 @@ func newClient(c *RedisConfig) (redis.UniversalClient, error) {
 		// One retry rides out a dropped pooled connection; more, or
 		// go-redis's default of 5 dial attempts 100ms apart, would only
 		// delay the 503 while Redis is down (about 0.8s per request).
-		// The lock scripts are idempotent for their own token, so a retry
+		// The lock commands are idempotent for their own token, so a retry
 		// never applies twice.
 		MaxRetries:    1,
 		DialerRetries: 1,

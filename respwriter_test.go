@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -233,7 +232,7 @@ func TestFencingHeaderCannotBeForged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fence, err := rdb.Get(context.Background(), lock.FenceKey(lock.Key(DefaultPrefix, "", "k2"))).Int64()
+	fence, err := rdb.Get(context.Background(), lock.FenceCounterKey(DefaultPrefix)).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,9 +274,7 @@ func TestConflictRetryAfterRoundsUp(t *testing.T) {
 	srv, rdb := unitRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
 	key := lock.Key(DefaultPrefix, "", "k4")
-	if err := rdb.Set(context.Background(), key, "other-holder", 2300*time.Millisecond).Err(); err != nil {
-		t.Fatal(err)
-	}
+	holdLock(t, rdb, key, 2300*time.Millisecond)
 	rec := httptest.NewRecorder()
 	r, repl := unitRequest("POST", "k4", "")
 	called := false
@@ -545,27 +542,4 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
-}
-
-func TestFenceTTLSetsCounterLifetime(t *testing.T) {
-	srv, rdb := unitRedis(t)
-	for _, tt := range []struct {
-		fenceTTL caddy.Duration
-		want     time.Duration
-	}{
-		{0, lock.DefaultFenceTTL},
-		{caddy.Duration(time.Hour), time.Hour},
-	} {
-		h := unitHandler(t, srv.Addr, func(h *Handler) { h.FenceTTL = tt.fenceTTL })
-		name := fmt.Sprintf("fence-ttl-%v", tt.fenceTTL)
-		r, _ := unitRequest("POST", name, "")
-		err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pttl, err := rdb.PTTL(context.Background(), lock.FenceKey(lock.Key(DefaultPrefix, "", name))).Result()
-		if err != nil || pttl <= tt.want-time.Minute || pttl > tt.want {
-			t.Fatalf("fence_ttl %v: counter PTTL %v (err %v), want about %v", time.Duration(tt.fenceTTL), pttl, err, tt.want)
-		}
-	}
 }

@@ -1,30 +1,38 @@
 -- Acquire a lock and issue its fencing token, in one round trip.
--- KEYS[1] lock key, KEYS[2] fencing counter (same hash slot)
--- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] counter lifetime in ms
+-- KEYS[1] lock key: a hash whose one field is the holder's token, with the
+--         fencing token as its value, so that release is a native
+--         HDEL key token (no script: token-checked by construction)
+-- KEYS[2] fencing high-water mark: the last token issued under the prefix
+-- ARGV[1] holder token, ARGV[2] lease in ms
 -- Returns the fencing token as a decimal string when the lock is ours, the
 -- holder's PTTL as an integer when it is not: the reply's type tells which,
 -- with no table to build in Lua or to unpack in the client.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if redis.call('EXISTS', KEYS[1]) == 0 then
 	-- The token is the server clock in microseconds, or one more than the
-	-- last token when that is not below it (same microsecond, clock set
-	-- back). So tokens strictly increase per key, also once the counter has
-	-- expired. Three commands whether the counter exists or not: SET NX,
-	-- TIME, SET GET (which stores the token and reads the last one at once).
+	-- last token issued when that is not below it (same microsecond, clock
+	-- set back). One mark for all keys: tokens strictly increase per key
+	-- (and across keys), and the locks leave nothing behind in Redis.
+	-- SET GET stores the token and reads the last one in one command.
 	-- Tokens stay decimal strings, compared exactly, never Lua floats.
 	local t = redis.call('TIME')
 	local fence = t[1] .. string.format('%06d', tonumber(t[2]))
-	local last = redis.call('SET', KEYS[2], fence, 'PX', ARGV[3], 'GET')
+	local last = redis.call('SET', KEYS[2], fence, 'GET')
 	if last and (#last > #fence or (#last == #fence and last >= fence)) then
-		redis.call('SET', KEYS[2], last, 'PX', ARGV[3])
+		redis.call('SET', KEYS[2], last)
 		redis.call('INCR', KEYS[2])
-		return redis.call('GET', KEYS[2])
+		fence = redis.call('GET', KEYS[2])
 	end
+	redis.call('HSET', KEYS[1], ARGV[1], fence)
+	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	return fence
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- pcall: a lock key of another type (a string lock of an older version)
+-- is another holder's, not an error.
+local mine = redis.pcall('HGET', KEYS[1], ARGV[1])
+if type(mine) == 'string' then
 	-- Our own acquire again (a retry whose first reply was lost): succeed
-	-- without issuing a second fencing token.
+	-- with the token issued the first time, never a second one.
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	return redis.call('GET', KEYS[2]) or '0'
+	return mine
 end
 return redis.call('PTTL', KEYS[1])

@@ -29,23 +29,9 @@ func TestKeyKnownVector(t *testing.T) {
 	if !regexp.MustCompile(`^x\{[0-9a-f]{64}\}$`).MatchString(Key("x", "s", "N")) {
 		t.Fatalf("Key is not prefix{lowercase hex sha256}: %q", Key("x", "s", "N"))
 	}
-	if got := FenceKey("p:{h}"); got != "p:{h}:fence" {
-		t.Fatalf("FenceKey = %q", got)
+	if got := FenceCounterKey("p:"); got != "p:fence" {
+		t.Fatalf("FenceCounterKey = %q", got)
 	}
-}
-
-// hashTag is the Cluster hash tag of key: what is between the first { and
-// the next }.
-func hashTag(key string) string {
-	i := strings.IndexByte(key, '{')
-	if i < 0 {
-		return ""
-	}
-	j := strings.IndexByte(key[i+1:], '}')
-	if j <= 0 {
-		return ""
-	}
-	return key[i+1 : i+1+j]
 }
 
 // cmdstat returns the server's call count for one command.
@@ -96,13 +82,16 @@ func TestAcquireAndReleaseOneRoundTrip(t *testing.T) {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if cmds := hook.take(); len(cmds) != 1 || cmds[0] != "evalsha" {
-			t.Fatalf("cycle %d: Release sent %v, want exactly [evalsha]", i, cmds)
+		if cmds := hook.take(); len(cmds) != 1 || cmds[0] != "hdel" {
+			t.Fatalf("cycle %d: Release sent %v, want exactly [hdel]", i, cmds)
 		}
 	}
-	// The server agrees: 10 script calls, no EVAL fallback.
-	if n := cmdstat(t, admin, "evalsha"); n != 10 {
-		t.Fatalf("server saw %d EVALSHA, want 10", n)
+	// The server agrees: 5 script calls, no EVAL fallback, 5 HDEL.
+	if n := cmdstat(t, admin, "evalsha"); n != 5 {
+		t.Fatalf("server saw %d EVALSHA, want 5", n)
+	}
+	if n := cmdstat(t, admin, "hdel"); n != 5 {
+		t.Fatalf("server saw %d HDEL, want 5", n)
 	}
 	if n := cmdstat(t, admin, "eval"); n != 0 {
 		t.Fatalf("server saw %d EVAL, want 0", n)
@@ -179,53 +168,57 @@ func TestAcquireKeyLayout(t *testing.T) {
 	if l.Key() != key {
 		t.Fatalf("Lock.Key = %q, want %q", l.Key(), key)
 	}
-	if got := rdb.Get(ctx, key).Val(); got != l.Token() {
-		t.Fatalf("GET %s = %q, want the token %q", key, got, l.Token())
+	// The lock is a hash: one field, the holder's token, whose value is
+	// the fencing token.
+	if typ := rdb.Type(ctx, key).Val(); typ != "hash" {
+		t.Fatalf("TYPE lock = %q, want hash", typ)
 	}
-	if typ := rdb.Type(ctx, key).Val(); typ != "string" {
-		t.Fatalf("TYPE lock = %q", typ)
+	if got := rdb.HGetAll(ctx, key).Val(); len(got) != 1 || got[l.Token()] != strconv.FormatInt(l.Fence(), 10) {
+		t.Fatalf("HGETALL %s = %v, want {%s: %d}", key, got, l.Token(), l.Fence())
 	}
 	if pttl := rdb.PTTL(ctx, key).Val(); pttl <= 50*time.Second || pttl > time.Minute {
 		t.Fatalf("lock PTTL = %v, want about 1m", pttl)
 	}
-	fk := FenceKey(key)
+	// The fencing counter: the last token issued, never expiring.
+	fk := FenceCounterKey(DefaultPrefix)
 	n, err := rdb.Get(ctx, fk).Int64()
 	if err != nil || n != l.Fence() {
 		t.Fatalf("GET %s = %d, %v; want the fence %d", fk, n, err, l.Fence())
 	}
-	if hashTag(key) == "" || hashTag(key) != hashTag(fk) {
-		t.Fatalf("lock %q and counter %q do not share a hash tag", key, fk)
+	if pttl := rdb.PTTL(ctx, fk).Val(); pttl >= 0 {
+		t.Fatalf("counter PTTL = %v, want no expiry", pttl)
 	}
-	// Default counter lifetime: 7 days.
-	if pttl := rdb.PTTL(ctx, fk).Val(); pttl < DefaultFenceTTL-time.Minute || pttl > DefaultFenceTTL {
-		t.Fatalf("counter PTTL = %v, want about %v", pttl, DefaultFenceTTL)
-	}
-	// Only the two keys exist.
 	keys := rdb.Keys(ctx, "*").Val()
 	if len(keys) != 2 {
-		t.Fatalf("keys in Redis: %v, want the lock and its counter", keys)
+		t.Fatalf("keys in Redis: %v, want the lock and the counter", keys)
 	}
-}
-
-func TestAcquireRefreshesFenceTTL(t *testing.T) {
-	_, rdb := startRedis(t)
-	ctx := ctxT(t)
-	const fenceTTL = time.Hour
-	c := New(rdb, &Config{FenceTTL: fenceTTL})
-	key := testKey(t)
-	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
-	fk := FenceKey(key)
-	if pttl := rdb.PTTL(ctx, fk).Val(); pttl < fenceTTL-time.Minute || pttl > fenceTTL {
-		t.Fatalf("counter PTTL = %v, want about %v", pttl, fenceTTL)
-	}
+	// Released, the lock leaves only the counter behind: one key however
+	// many keys were locked.
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Shorten the counter's life; the next acquire sets it back.
-	rdb.PExpire(ctx, fk, 10*time.Second)
-	mustAcquire(t, c, key, Options{TTL: time.Minute})
-	if pttl := rdb.PTTL(ctx, fk).Val(); pttl < fenceTTL-time.Minute {
-		t.Fatalf("counter PTTL after acquire = %v, want refreshed to about %v", pttl, fenceTTL)
+	for i := range 50 {
+		l := mustAcquire(t, New(rdb, nil), Key("app:", "idem", strconv.Itoa(i)), Options{TTL: time.Minute})
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys := rdb.Keys(ctx, "*").Val(); len(keys) != 1 || keys[0] != fk {
+		t.Fatalf("keys in Redis after 51 released locks: %v, want only %s", keys, fk)
+	}
+}
+
+// Config.FenceKey names the counter; the handler gives each prefix its own.
+func TestFenceKeyConfig(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(rdb, &Config{FenceKey: FenceCounterKey("app:")})
+	l := mustAcquire(t, c, Key("app:", "", "k"), Options{TTL: time.Minute})
+	if n, err := rdb.Get(ctx, "app:fence").Int64(); err != nil || n != l.Fence() {
+		t.Fatalf("GET app:fence = %d, %v; want %d", n, err, l.Fence())
+	}
+	if rdb.Exists(ctx, FenceCounterKey(DefaultPrefix)).Val() != 0 {
+		t.Fatal("the default counter was written too")
 	}
 }
 
@@ -245,8 +238,8 @@ func TestRawNamesNotInRedisKeys(t *testing.T) {
 				t.Fatalf("Redis key %q contains the raw %q", k, raw)
 			}
 		}
-		if !strings.HasPrefix(k, DefaultPrefix+"{") {
-			t.Fatalf("Redis key %q lacks the prefix", k)
+		if !strings.HasPrefix(k, DefaultPrefix+"{") && k != FenceCounterKey(DefaultPrefix) {
+			t.Fatalf("Redis key %q is neither a lock nor the counter", k)
 		}
 	}
 	_ = l
@@ -275,43 +268,19 @@ func TestFenceStrictlyIncreases(t *testing.T) {
 	for i := range 200 {
 		cycle("cycle " + strconv.Itoa(i))
 	}
-	// The counter is forced away: the next token is still larger.
+	// The counter is lost (FLUSHALL, a failover that missed it): the next
+	// token, from the Redis clock, is still larger.
 	for i := range 5 {
-		if err := rdb.Del(ctx, FenceKey(key)).Err(); err != nil {
+		if err := rdb.Del(ctx, c.cfg.FenceKey).Err(); err != nil {
 			t.Fatal(err)
 		}
 		cycle("after DEL " + strconv.Itoa(i))
 		cycle("after DEL, again")
 	}
-	// Each key has its own counter, and a new key also starts above zero.
+	// One counter for all keys: another key's token is larger still.
 	other := mustAcquire(t, c, key+"-other", Options{TTL: time.Minute})
-	if other.Fence() <= 0 {
-		t.Fatalf("fence of a new key = %d", other.Fence())
-	}
-}
-
-func TestFenceIncreasesAfterCounterExpired(t *testing.T) {
-	_, rdb := startRedis(t)
-	ctx := ctxT(t)
-	// A counter that lives 150ms: it expires between the cycles below.
-	c := New(rdb, &Config{FenceTTL: 150 * time.Millisecond})
-	key := testKey(t)
-	var last int64
-	for i := range 3 {
-		l, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Fence() <= last {
-			t.Fatalf("cycle %d: fence %d after %d", i, l.Fence(), last)
-		}
-		last = l.Fence()
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, 5*time.Second, "counter key expired", func() bool {
-			return rdb.Exists(ctx, FenceKey(key)).Val() == 0
-		})
+	if other.Fence() <= last {
+		t.Fatalf("fence of another key = %d after %d", other.Fence(), last)
 	}
 }
 
@@ -324,7 +293,9 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	c := New(rdb, nil)
 	key := testKey(t)
 	const ahead = 9_000_000_000_000_000 // year 2255 in µs
-	if err := rdb.Set(ctx, FenceKey(key), ahead, time.Minute).Err(); err != nil {
+	fk := c.cfg.FenceKey
+	// With a TTL, as if someone had set one: the counter must not keep it.
+	if err := rdb.Set(ctx, fk, ahead, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
@@ -332,8 +303,8 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 		if want := int64(ahead + i + 1); l.Fence() != want {
 			t.Fatalf("cycle %d: fence %d, want %d", i, l.Fence(), want)
 		}
-		if pttl := rdb.PTTL(ctx, FenceKey(key)).Val(); pttl < DefaultFenceTTL-time.Minute {
-			t.Fatalf("cycle %d: counter PTTL %v, want about %v", i, pttl, DefaultFenceTTL)
+		if pttl := rdb.PTTL(ctx, fk).Val(); pttl >= 0 {
+			t.Fatalf("cycle %d: counter PTTL %v, want no expiry", i, pttl)
 		}
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -341,7 +312,7 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	}
 	// Tokens from the clock are 16 digits: a longer counter is larger, a
 	// shorter one (an old INCR counter) is not.
-	if err := rdb.Set(ctx, FenceKey(key), "12345678901234567", time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, fk, "12345678901234567", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if l := mustAcquire(t, c, key, Options{TTL: time.Minute}); l.Fence() != 12345678901234568 {
@@ -349,7 +320,7 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	} else if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Set(ctx, FenceKey(key), 42, time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, fk, 42, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	before := time.Now().UnixMicro()
@@ -357,7 +328,7 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	if l.Fence() < before-int64(time.Minute/time.Microsecond) || l.Fence() > time.Now().UnixMicro()+int64(time.Minute/time.Microsecond) {
 		t.Fatalf("after a counter at 42: fence %d, want the Redis clock in µs (about %d)", l.Fence(), before)
 	}
-	if n, _ := rdb.Get(ctx, FenceKey(key)).Int64(); n != l.Fence() {
+	if n, _ := rdb.Get(ctx, fk).Int64(); n != l.Fence() {
 		t.Fatalf("counter = %d, want the token issued, %d", n, l.Fence())
 	}
 }
@@ -381,7 +352,7 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 	if f2 != f1 {
 		t.Fatalf("retried acquire got fence %d, first %d: a second token was issued", f2, f1)
 	}
-	if n, _ := rdb.Get(ctx, FenceKey(key)).Int64(); n != f1 {
+	if n, _ := rdb.Get(ctx, c.cfg.FenceKey).Int64(); n != f1 {
 		t.Fatalf("counter = %d after retry, want %d", n, f1)
 	}
 	// Another token is still refused.
@@ -404,12 +375,12 @@ func TestAcquireScriptFileRetry(t *testing.T) {
 	ctx := ctxT(t)
 	src := readScript(t, "acquire.lua")
 	key := testKey(t)
-	keys := []string{key, FenceKey(key)}
+	keys := []string{key, FenceCounterKey("test:")}
 	// run returns the fencing token (a string reply) or the PTTL (an
 	// integer reply).
 	run := func(token string) (fence string, pttl int64) {
 		t.Helper()
-		res, err := rdb.Eval(ctx, src, keys, token, 60000, 3600000).Result()
+		res, err := rdb.Eval(ctx, src, keys, token, 60000).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -438,5 +409,13 @@ func TestAcquireScriptFileRetry(t *testing.T) {
 	an, _ := strconv.ParseInt(a, 10, 64)
 	if dn, err := strconv.ParseInt(d, 10, 64); err != nil || dn <= an {
 		t.Fatalf("after release: fence %q, want above %s", d, a)
+	}
+	// A string lock (the layout of an older version, held by a node not yet
+	// upgraded) is another holder's: its PTTL, not a script error.
+	if err := rdb.Set(ctx, key, "old-node-token", 30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if f, pttl := run(uuid.NewString()); f != "" || pttl <= 0 || pttl > 30000 {
+		t.Fatalf("over a string lock: fence %q, pttl %d, want the holder's PTTL", f, pttl)
 	}
 }

@@ -2,8 +2,9 @@
 // one-round-trip acquire that also issues a strictly increasing fencing token,
 // a keep-alive that cancels the holder's context as soon as the lease may have
 // been lost, and a token-checked release. It is built on go-redis
-// (redis.UniversalClient: standalone, Sentinel and Cluster clients all work)
-// and does not depend on Caddy.
+// (redis.UniversalClient: standalone and Sentinel clients; Redis Cluster
+// would need a fencing counter per hash slot, not done yet) and does not
+// depend on Caddy.
 //
 // A lease is a timing assumption: a holder that pauses longer than its lease
 // can still act after another holder took over. Pass the fencing token to the
@@ -26,9 +27,8 @@ import (
 
 // Defaults used when the corresponding field is zero.
 const (
-	DefaultTTL      = 10 * time.Second
-	DefaultFenceTTL = 7 * 24 * time.Hour
-	DefaultPrefix   = "redis_lock:"
+	DefaultTTL    = 10 * time.Second
+	DefaultPrefix = "redis_lock:"
 )
 
 // NoRenew as Options.Renew turns the keep-alive off: the lease ends at its
@@ -55,9 +55,11 @@ type Options struct {
 
 // Config for a Client.
 type Config struct {
-	// FenceTTL is how long an unused fencing counter is kept. Default 7 days;
-	// every acquire refreshes it.
-	FenceTTL time.Duration
+	// FenceKey is the fencing counter: the last fencing token issued, one
+	// key for all locks of this client, with no TTL. Default:
+	// FenceCounterKey(DefaultPrefix), "redis_lock:fence". (Redis Cluster
+	// would need one per hash slot; it is not supported yet.)
+	FenceKey string
 	// ReleaseTimeout bounds Release, which runs detached from the caller's
 	// cancellation. Default 0: the Redis client's own read and write
 	// timeouts bound it (go-redis: ReadTimeout, 3s unless set), which costs
@@ -73,30 +75,27 @@ type Config struct {
 type Client struct {
 	rdb redis.UniversalClient
 	cfg Config
-	// fenceTTLArg is cfg.FenceTTL in ms, boxed once rather than per acquire.
-	fenceTTLArg any
 }
 
 // New returns a Client. For context deadlines to bound each call, create rdb
 // with ContextTimeoutEnabled. go-redis may retry a command after a network
-// error; every script here is idempotent for its own token, so a retry never
+// error; every command here is idempotent for its own token, so a retry never
 // applies twice.
 func New(rdb redis.UniversalClient, cfg *Config) *Client {
 	c := &Client{rdb: rdb}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
-	if c.cfg.FenceTTL <= 0 {
-		c.cfg.FenceTTL = DefaultFenceTTL
+	if c.cfg.FenceKey == "" {
+		c.cfg.FenceKey = FenceCounterKey(DefaultPrefix)
 	}
-	c.fenceTTLArg = c.cfg.FenceTTL.Milliseconds()
 	return c
 }
 
 // Key builds the Redis key for a lock: prefix + "{" + hex(sha256(scope + NUL +
 // name)) + "}". Hashing keeps client data out of Redis key names and keys
 // fixed-length; the braces are a Cluster hash tag, so the lock and its
-// ":fence" counter share a slot.
+// idempotency result share a slot.
 func Key(prefix, scope, name string) string {
 	h := sha256.New()
 	h.Write([]byte(scope))
@@ -108,8 +107,9 @@ func Key(prefix, scope, name string) string {
 	return prefix + "{" + string(hexed[:]) + "}"
 }
 
-// FenceKey is the key of the fencing counter that belongs to a lock key.
-func FenceKey(key string) string { return key + ":fence" }
+// FenceCounterKey is the fencing counter of the locks under prefix. It
+// cannot collide with a lock key, whose name after the prefix is in braces.
+func FenceCounterKey(prefix string) string { return prefix + "fence" }
 
 // Acquire takes the lock named key (a full Redis key, such as one from Key)
 // for opt.TTL. The returned lock's Context is derived from ctx and is
@@ -189,8 +189,8 @@ const (
 // acquireOnce runs the acquire script: the lock and its fencing token, or the
 // holder's remaining lease.
 func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Duration) (fence int64, remaining time.Duration, ok bool, err error) {
-	res, err := acquireScript.Run(ctx, c.rdb, []string{key, FenceKey(key)},
-		token, ttl.Milliseconds(), c.fenceTTLArg).Result()
+	res, err := acquireScript.Run(ctx, c.rdb, []string{key, c.cfg.FenceKey},
+		token, ttl.Milliseconds()).Result()
 	if err != nil {
 		return 0, 0, false, classify(ctx, err)
 	}
@@ -231,7 +231,14 @@ func (c *Client) releaseToken(ctx context.Context, key, token string) error {
 		rctx, cancel = context.WithTimeout(detached, c.cfg.ReleaseTimeout)
 		defer cancel()
 	}
-	n, err := releaseScript.Run(rctx, c.rdb, []string{key}, token).Int64()
+	// The lock is a hash whose one field is the holder's token: HDEL
+	// deletes it only if the token is ours, and Redis deletes the key with
+	// its last field. No script, so no script cache to miss either.
+	n, err := c.rdb.HDel(rctx, key, token).Result()
+	if redis.HasErrorPrefix(err, "WRONGTYPE") {
+		// Not a hash: another holder's lock in an older layout, not ours.
+		return ErrNotHeld
+	}
 	if err != nil {
 		// The caller's context cannot end a release; the release's own
 		// timeout passing means Redis did not answer: ErrUnavailable.

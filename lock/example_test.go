@@ -33,10 +33,11 @@ func ExampleKey() {
 	// Client data (an Idempotency-Key) never appears in Redis key names.
 	key := lock.Key(lock.DefaultPrefix, "idem", "abc-123")
 	fmt.Println(key)
-	fmt.Println(lock.FenceKey(key))
+	// One fencing counter serves every lock under the prefix.
+	fmt.Println(lock.FenceCounterKey(lock.DefaultPrefix))
 	// Output:
 	// redis_lock:{e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760}
-	// redis_lock:{e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760}:fence
+	// redis_lock:fence
 }
 
 func ExampleClient_Acquire() {

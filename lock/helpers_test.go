@@ -119,3 +119,32 @@ func mustAcquire(t testing.TB, c *Client, key string, opt Options) *Lock {
 func testKey(t testing.TB) string {
 	return Key("test:", "lock", t.Name())
 }
+
+// holdAs writes key as the lock of another holder with token, in the layout
+// acquire.lua writes (a hash whose one field is the token), as a takeover
+// after expiry would.
+func holdAs(t testing.TB, rdb *redis.Client, key, token string, ttl time.Duration) {
+	t.Helper()
+	ctx := ctxT(t)
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, key)
+		p.HSet(ctx, key, token, "1")
+		p.PExpire(ctx, key, ttl)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holderOf returns the token that holds key, "" when the key is absent.
+func holderOf(t testing.TB, rdb *redis.Client, key string) string {
+	t.Helper()
+	tokens, err := rdb.HKeys(ctxT(t), key).Result()
+	if err != nil || len(tokens) > 1 {
+		t.Fatalf("HKEYS %s = %v, %v; want at most one holder", key, tokens, err)
+	}
+	if len(tokens) == 0 {
+		return ""
+	}
+	return tokens[0]
+}

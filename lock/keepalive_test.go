@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestKeepAliveHoldsPastTTL(t *testing.T) {
@@ -33,8 +35,8 @@ func TestKeepAliveHoldsPastTTL(t *testing.T) {
 		if p := rdb.PTTL(ctx, key).Val(); p <= 0 {
 			t.Fatalf("PTTL = %v while held", p)
 		}
-		if got := rdb.Get(ctx, key).Val(); got != l.Token() {
-			t.Fatalf("GET = %q while held", got)
+		if got := holderOf(t, rdb, key); got != l.Token() {
+			t.Fatalf("holder %q while held", got)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -58,6 +60,14 @@ func TestKeepAliveDetectsLostLock(t *testing.T) {
 	}{
 		{"DEL", func(ctx context.Context, c *Client, key string) error { return c.rdb.Del(ctx, key).Err() }},
 		{"overwrite", func(ctx context.Context, c *Client, key string) error {
+			_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Del(ctx, key)
+				p.HSet(ctx, key, "thief", "1")
+				return nil
+			})
+			return err
+		}},
+		{"older layout", func(ctx context.Context, c *Client, key string) error {
 			return c.rdb.Set(ctx, key, "thief", time.Minute).Err()
 		}},
 	} {

@@ -58,7 +58,7 @@ func (l *Lock) Token() string { return l.token }
 
 // Fence is the fencing token: larger than any earlier holder's of this key.
 // It is the Redis clock in microseconds when this lock was taken, or one more
-// than the key's last token when that is larger: compare tokens, do not
+// than the last token issued when that is larger: compare tokens, do not
 // count them.
 func (l *Lock) Fence() int64 { return l.fence }
 

@@ -38,8 +38,8 @@ func TestReleaseAfterTakeoverLeavesNewHolder(t *testing.T) {
 	if err := a.Release(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("A.Release after takeover = %v, want ErrNotHeld", err)
 	}
-	if got := rdb.Get(ctx, key).Val(); got != b.Token() {
-		t.Fatalf("after A's late release GET = %q, want B's token %q", got, b.Token())
+	if got := holderOf(t, rdb, key); got != b.Token() {
+		t.Fatalf("after A's late release the holder is %q, want B's token %q", got, b.Token())
 	}
 	if b.Context().Err() != nil {
 		t.Fatal("B's context ended by A's release")
@@ -54,15 +54,24 @@ func TestReleaseIsTokenChecked(t *testing.T) {
 	ctx := ctxT(t)
 	key := testKey(t)
 	l := mustAcquire(t, New(rdb, nil), key, Options{TTL: time.Minute, Renew: NoRenew})
-	// Someone else's value under the key (e.g. after expiry and takeover).
-	if err := rdb.Set(ctx, key, "someone-else", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
+	// Someone else's lock under the key (e.g. after expiry and takeover).
+	holdAs(t, rdb, key, "someone-else", time.Minute)
 	if err := l.Release(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Release = %v, want ErrNotHeld", err)
 	}
-	if got := rdb.Get(ctx, key).Val(); got != "someone-else" {
-		t.Fatalf("Release deleted another holder's lock: GET = %q", got)
+	if got := holderOf(t, rdb, key); got != "someone-else" {
+		t.Fatalf("Release deleted another holder's lock: holder %q", got)
+	}
+	// A string lock of an older version's layout: not ours either, and
+	// left alone.
+	if err := rdb.Set(ctx, key, "old-node", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Release over a string lock = %v, want ErrNotHeld", err)
+	}
+	if got := rdb.Get(ctx, key).Val(); got != "old-node" {
+		t.Fatalf("Release touched a string lock: GET = %q", got)
 	}
 }
 
@@ -138,8 +147,8 @@ func TestRefreshExtendsLease(t *testing.T) {
 	key := testKey(t)
 	l := mustAcquire(t, New(rdb, nil), key, Options{TTL: 2 * time.Second, Renew: NoRenew})
 	before := l.Deadline()
-	if typ := rdb.Type(ctx, key).Val(); typ != "string" {
-		t.Fatalf("TYPE = %q, want string", typ)
+	if typ := rdb.Type(ctx, key).Val(); typ != "hash" {
+		t.Fatalf("TYPE = %q, want hash", typ)
 	}
 	p0 := rdb.PTTL(ctx, key).Val()
 	if p0 <= 0 || p0 > 2*time.Second {
@@ -153,10 +162,10 @@ func TestRefreshExtendsLease(t *testing.T) {
 	if p := rdb.PTTL(ctx, key).Val(); p <= 50*time.Second {
 		t.Fatalf("PTTL after Refresh(1m) = %v, want about 1m", p)
 	}
-	if typ := rdb.Type(ctx, key).Val(); typ != "string" {
-		t.Fatalf("TYPE after Refresh = %q, want string", typ)
+	if typ := rdb.Type(ctx, key).Val(); typ != "hash" {
+		t.Fatalf("TYPE after Refresh = %q, want hash", typ)
 	}
-	if got := rdb.Get(ctx, key).Val(); got != l.Token() {
+	if got := holderOf(t, rdb, key); got != l.Token() {
 		t.Fatalf("Refresh changed the value to %q", got)
 	}
 	// The local deadline moves to sent + ttl - margin.
@@ -185,9 +194,7 @@ func TestRefreshAfterTakeoverIsNotHeld(t *testing.T) {
 	ctx := ctxT(t)
 	key := testKey(t)
 	l := mustAcquire(t, New(rdb, nil), key, Options{TTL: time.Minute, Renew: NoRenew})
-	if err := rdb.Set(ctx, key, "other", 10*time.Second).Err(); err != nil {
-		t.Fatal(err)
-	}
+	holdAs(t, rdb, key, "other", 10*time.Second)
 	if err := l.Refresh(ctx, time.Minute); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Refresh after takeover = %v, want ErrNotHeld", err)
 	}

@@ -8,15 +8,12 @@ import (
 
 // The scripts run with EVALSHA and fall back to EVAL on NOSCRIPT (go-redis's
 // Script.Run), so an empty script cache after a failover or SCRIPT FLUSH costs
-// one extra round trip, never an error.
+// one extra round trip, never an error. Release needs no script: it is
+// HDEL lock token.
 var (
 	//go:embed acquire.lua
 	acquireSrc    string
 	acquireScript = redis.NewScript(acquireSrc)
-
-	//go:embed release.lua
-	releaseSrc    string
-	releaseScript = redis.NewScript(releaseSrc)
 
 	//go:embed refresh.lua
 	refreshSrc    string

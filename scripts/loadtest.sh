@@ -243,8 +243,8 @@ echo "ratio locked/plain (median of the rounds): $ratio ($verdict the target $ta
 
 keys=0
 if command -v redis-cli >/dev/null; then
-	keys=$(redis-cli -p "$redis_port" --scan --pattern 'redis_lock:*' | grep -vc ':fence$' || true)
-	echo "lock keys left in Redis: $keys; fencing counters: $(redis-cli -p "$redis_port" dbsize) (one per key locked)"
+	keys=$(redis-cli -p "$redis_port" --scan --pattern 'redis_lock:{*' | wc -l)
+	echo "lock keys left in Redis: $keys; keys in all: $(redis-cli -p "$redis_port" dbsize) (the fencing counter)"
 fi
 
 if [ "$bad" != 0 ]; then
