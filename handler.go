@@ -171,6 +171,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 		if h.LostLock == LostLockAbort {
 			if !hw.started {
 				// next's error is the cancellation this handler caused.
+				hw.free()
 				return h.reject(w, repl, resultLost, problemLockLost)
 			}
 			h.count(repl, resultLost)
@@ -185,6 +186,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 		h.count(repl, resultAcquired)
 	}
 	_ = hw.finish() // a failed write means the client is gone
+	hw.free()
 	return nextErr
 }
 

@@ -15,7 +15,7 @@ import (
 // response then still reaches the client in one write, as without the lock),
 // otherwise its last byte.
 type holdWriter struct {
-	caddyhttp.ResponseWriterWrapper                // by value: one allocation per request, not two
+	caddyhttp.ResponseWriterWrapper                // by value: one object per request, not two
 	held                            [holdSize]byte // an array, so holding allocates nothing
 	n                               int            // bytes held
 	started                         bool           // status line or body bytes passed to the client side
@@ -24,8 +24,22 @@ type holdWriter struct {
 // holdSize covers a typical JSON API answer.
 const holdSize = 1024
 
+// holdWriters recycles holdWriters, so the 1 KiB array is not allocated and
+// zeroed for every request.
+var holdWriters = sync.Pool{New: func() any { return new(holdWriter) }}
+
 func newHoldWriter(w http.ResponseWriter) *holdWriter {
-	return &holdWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	hw := holdWriters.Get().(*holdWriter)
+	hw.ResponseWriter = w
+	return hw
+}
+
+// free returns w to the pool once the response is done with it, as net/http
+// allows: no handler may use a ResponseWriter after its ServeHTTP returned.
+// Not called when the request panics (the writer is then left to the GC).
+func (w *holdWriter) free() {
+	w.ResponseWriter, w.n, w.started = nil, 0, false
+	holdWriters.Put(w)
 }
 
 // WriteHeader passes the status on; informational (1xx) ones do not start

@@ -113,6 +113,28 @@ func TestHoldWriterSmallResponseOneWrite(t *testing.T) {
 	}
 }
 
+// A writer back from the pool holds nothing of the response before it.
+func TestHoldWriterFreedStartsClean(t *testing.T) {
+	for i := range 100 { // sync.Pool may drop some; one reuse is enough
+		first := newProbeWriter()
+		hw := newHoldWriter(first)
+		hw.WriteHeader(201)
+		hw.Write([]byte("left over"))
+		hw.free()
+
+		pw := newProbeWriter()
+		hw = newHoldWriter(pw)
+		if hw.started || hw.n != 0 || hw.ResponseWriter != http.ResponseWriter(pw) {
+			t.Fatalf("round %d: recycled writer started=%v held=%d", i, hw.started, hw.n)
+		}
+		hw.Write([]byte("mine"))
+		if err := hw.finish(); err != nil || pw.body.String() != "mine" || first.body.String() != "" {
+			t.Fatalf("round %d: new response %q, old one %q, %v", i, pw.body.String(), first.body.String(), err)
+		}
+		hw.free()
+	}
+}
+
 func TestHoldWriterFlushAndDiscard(t *testing.T) {
 	pw := newProbeWriter()
 	hw := newHoldWriter(pw)
