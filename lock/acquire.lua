@@ -17,7 +17,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 	local t = redis.call('TIME')
 	local fence = t[1] .. string.format('%06d', tonumber(t[2]))
 	local last = redis.call('SET', KEYS[2], fence, 'GET')
-	if last and (#last > #fence or (#last == #fence and last >= fence)) then
+	-- A counter that is not a plain decimal (written by hand) is ignored:
+	-- it is overwritten by the clock's token instead of failing every
+	-- acquire at INCR.
+	if last and last:match('^[1-9]%d*$') and #last <= 19 and
+		(#last > #fence or (#last == #fence and last >= fence)) then
 		redis.call('SET', KEYS[2], last)
 		redis.call('INCR', KEYS[2])
 		fence = redis.call('GET', KEYS[2])

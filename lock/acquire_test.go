@@ -320,6 +320,21 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	} else if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A counter that is not a plain decimal (written by hand, or past
+	// int64) is overwritten by the clock's token, not a failure of every
+	// acquire.
+	for _, bad := range []string{"not-a-number-and-quite-long", "007000000000000000", "123456789012345678901"} {
+		if err := rdb.Set(ctx, fk, bad, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+		if now := time.Now().UnixMicro(); l.Fence() < now-int64(time.Minute/time.Microsecond) || l.Fence() > now+int64(time.Minute/time.Microsecond) {
+			t.Fatalf("after counter %q: fence %d, want the Redis clock in µs (about %d)", bad, l.Fence(), now)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := rdb.Set(ctx, fk, 42, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
