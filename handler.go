@@ -171,8 +171,9 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 		if h.LostLock == LostLockAbort {
 			if !hw.started {
 				// next's error is the cancellation this handler caused.
-				hw.free()
-				return h.reject(w, repl, resultLost, problemLockLost)
+				err := h.reject(w, repl, resultLost, problemLockLost)
+				hw.free() // last: the panic handler above still uses hw
+				return err
 			}
 			h.count(repl, resultLost)
 			counted = true

@@ -36,7 +36,9 @@ func newHoldWriter(w http.ResponseWriter) *holdWriter {
 
 // free returns w to the pool once the response is done with it, as net/http
 // allows: no handler may use a ResponseWriter after its ServeHTTP returned.
-// Not called when the request panics (the writer is then left to the GC).
+// Not called when the request panics (the writer is then left to the GC),
+// and called last, after anything that could panic and reach the handler's
+// recover, which still uses the writer.
 func (w *holdWriter) free() {
 	w.ResponseWriter, w.n, w.started = nil, 0, false
 	holdWriters.Put(w)
