@@ -19,9 +19,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 	local last = redis.call('SET', KEYS[2], fence, 'GET')
 	-- A counter that is not a plain decimal (written by hand) is ignored:
 	-- it is overwritten by the clock's token instead of failing every
-	-- acquire at INCR.
-	if last and last:match('^[1-9]%d*$') and #last <= 19 and
-		(#last > #fence or (#last == #fence and last >= fence)) then
+	-- acquire at INCR. The pattern runs only on this rare path.
+	if last and (#last > #fence or (#last == #fence and last >= fence)) and
+		#last <= 19 and last:match('^[1-9]%d*$') then
 		redis.call('SET', KEYS[2], last)
 		redis.call('INCR', KEYS[2])
 		fence = redis.call('GET', KEYS[2])
