@@ -208,5 +208,5 @@ func (h *Handler) reject(w http.ResponseWriter, repl *caddy.Replacer, result str
 // count sets {http.redis_lock.result} and counts the request.
 func (h *Handler) count(repl *caddy.Replacer, result string) {
 	repl.Set(phResult, result)
-	inc(metrics.requestsBy, metrics.requests, result)
+	metrics.requests.inc(result)
 }

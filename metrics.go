@@ -14,48 +14,51 @@ import (
 // that config reloads keep counting. No label holds request data.
 var metrics = struct {
 	once     sync.Once
-	requests *prometheus.CounterVec
+	requests labelled
 	wait     prometheus.Histogram
 	hold     prometheus.Histogram
-	renewals *prometheus.CounterVec
+	renewals labelled
 	lost     prometheus.Counter
-	release  *prometheus.CounterVec
-
-	// The labelled counters for every result, made once: WithLabelValues
-	// hashes its label on every call, and a series that exists at 0 from
-	// the start shows on dashboards before its first event.
-	requestsBy, renewalsBy, releaseBy map[string]prometheus.Counter
+	release  labelled
 }{}
 
 // results are the values of the result label of requests_total.
 var results = []string{resultAcquired, resultConflict, resultBypassed, resultFailOpen,
 	resultRejected, resultUnavailable, resultLost, resultCancelled, resultTooEarly}
 
-// children makes vec's counter for each label value.
-func children(vec *prometheus.CounterVec, labels ...string) map[string]prometheus.Counter {
-	m := make(map[string]prometheus.Counter, len(labels))
-	for _, l := range labels {
-		m[l] = vec.WithLabelValues(l)
-	}
-	return m
+// labelled is a counter with a result label whose counters for the known
+// results are made once: WithLabelValues hashes its label on every call,
+// and a series that exists at 0 from the start shows on dashboards before
+// its first event.
+type labelled struct {
+	*prometheus.CounterVec
+	by map[string]prometheus.Counter
 }
 
-// inc counts one event under label; a label made at init is one map lookup.
-func inc(by map[string]prometheus.Counter, vec *prometheus.CounterVec, label string) {
-	if c, ok := by[label]; ok {
+func newLabelled(opts prometheus.CounterOpts, known ...string) labelled {
+	l := labelled{prometheus.NewCounterVec(opts, []string{"result"}), make(map[string]prometheus.Counter, len(known))}
+	for _, r := range known {
+		l.by[r] = l.WithLabelValues(r)
+	}
+	return l
+}
+
+// inc counts one event with result; a known result is one map lookup.
+func (l labelled) inc(result string) {
+	if c, ok := l.by[result]; ok {
 		c.Inc()
 		return
 	}
-	vec.WithLabelValues(label).Inc()
+	l.WithLabelValues(result).Inc()
 }
 
 func initMetrics() {
 	const ns, sub = "caddy", "redis_lock"
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
-	metrics.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+	metrics.requests = newLabelled(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "requests_total",
 		Help: "Requests seen by redis_lock, by result (acquired, conflict, bypassed, fail_open, rejected, unavailable, lost, cancelled, too_early).",
-	}, []string{"result"})
+	}, results...)
 	metrics.wait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "wait_seconds",
 		Help:    "Time to acquire a lock or give up on it, waiting included.",
@@ -66,21 +69,18 @@ func initMetrics() {
 		Help:    "Time a lock was held, from acquire to release.",
 		Buckets: buckets,
 	})
-	metrics.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
+	metrics.renewals = newLabelled(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "renewals_total",
 		Help: "Keep-alive refreshes, by result (ok, not_held, error).",
-	}, []string{"result"})
+	}, "ok", "not_held", "error")
 	metrics.lost = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "lost_total",
 		Help: "Locks lost while their request was in flight.",
 	})
-	metrics.release = prometheus.NewCounterVec(prometheus.CounterOpts{
+	metrics.release = newLabelled(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "release_total",
 		Help: "Lock releases, by result (released, not_held, error).",
-	}, []string{"result"})
-	metrics.requestsBy = children(metrics.requests, results...)
-	metrics.renewalsBy = children(metrics.renewals, "ok", "not_held", "error")
-	metrics.releaseBy = children(metrics.release, "released", "not_held", "error")
+	}, "released", "not_held", "error")
 }
 
 // registerMetrics adds the collectors to reg; already registered ones (a
@@ -91,7 +91,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		metrics.requests, metrics.wait, metrics.hold, metrics.renewals, metrics.lost, metrics.release,
+		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {
@@ -102,13 +102,13 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // observeRenew is the lock library's OnRenew hook.
-func observeRenew(err error) { observeOutcome(metrics.renewalsBy, metrics.renewals, "ok", err) }
+func observeRenew(err error) { observeOutcome(metrics.renewals, "ok", err) }
 
 // observeRelease counts a release by its outcome.
-func observeRelease(err error) { observeOutcome(metrics.releaseBy, metrics.release, "released", err) }
+func observeRelease(err error) { observeOutcome(metrics.release, "released", err) }
 
-// observeOutcome counts err on vec: okLabel, not_held or error.
-func observeOutcome(by map[string]prometheus.Counter, vec *prometheus.CounterVec, okLabel string, err error) {
+// observeOutcome counts err on c: okLabel, not_held or error.
+func observeOutcome(c labelled, okLabel string, err error) {
 	label := "error"
 	switch {
 	case err == nil:
@@ -116,5 +116,5 @@ func observeOutcome(by map[string]prometheus.Counter, vec *prometheus.CounterVec
 	case errors.Is(err, lock.ErrNotHeld):
 		label = "not_held"
 	}
-	inc(by, vec, label)
+	c.inc(label)
 }

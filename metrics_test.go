@@ -48,12 +48,12 @@ func TestMetricsSeriesExistFromStart(t *testing.T) {
 	}
 
 	before := counterValue(t, metrics.requests.WithLabelValues(resultConflict))
-	inc(metrics.requestsBy, metrics.requests, resultConflict)
+	metrics.requests.inc(resultConflict)
 	if got := counterValue(t, metrics.requests.WithLabelValues(resultConflict)); got != before+1 {
 		t.Fatalf("conflict counter %v -> %v, want +1", before, got)
 	}
 	before = counterValue(t, metrics.requests.WithLabelValues("not_a_result"))
-	inc(metrics.requestsBy, metrics.requests, "not_a_result")
+	metrics.requests.inc("not_a_result")
 	if got := counterValue(t, metrics.requests.WithLabelValues("not_a_result")); got != before+1 {
 		t.Fatalf("a label not made at init: %v -> %v, want +1", before, got)
 	}
