@@ -14,20 +14,6 @@ import (
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
-// Results: values of {http.redis_lock.result} and of the result label of
-// caddy_redis_lock_requests_total (see Handler).
-const (
-	resultAcquired    = "acquired"
-	resultConflict    = "conflict"
-	resultBypassed    = "bypassed"
-	resultFailOpen    = "fail_open"
-	resultRejected    = "rejected"
-	resultUnavailable = "unavailable"
-	resultLost        = "lost"
-	resultCancelled   = "cancelled"
-	resultTooEarly    = "too_early"
-)
-
 // Placeholders the handler sets.
 const (
 	phKey    = "http.redis_lock.key"

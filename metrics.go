@@ -22,10 +22,6 @@ var metrics = struct {
 	release  labelled
 }{}
 
-// results are the values of the result label of requests_total.
-var results = []string{resultAcquired, resultConflict, resultBypassed, resultFailOpen,
-	resultRejected, resultUnavailable, resultLost, resultCancelled, resultTooEarly}
-
 // labelled is a counter with a result label whose counters for the known
 // results are made once: WithLabelValues hashes its label on every call,
 // and a series that exists at 0 from the start shows on dashboards before
@@ -57,8 +53,8 @@ func initMetrics() {
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	metrics.requests = newLabelled(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "requests_total",
-		Help: "Requests seen by redis_lock, by result (acquired, conflict, bypassed, fail_open, rejected, unavailable, lost, cancelled, too_early).",
-	}, results...)
+		Help: resultsHelp(),
+	}, resultNames()...)
 	metrics.wait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "wait_seconds",
 		Help:    "Time to acquire a lock or give up on it, waiting included.",

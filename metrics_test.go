@@ -19,7 +19,7 @@ func TestMetricsSeriesExistFromStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]string{
-		"caddy_redis_lock_requests_total": results,
+		"caddy_redis_lock_requests_total": resultNames(),
 		"caddy_redis_lock_renewals_total": {"ok", "not_held", "error"},
 		"caddy_redis_lock_release_total":  {"released", "not_held", "error"},
 	}

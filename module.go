@@ -54,14 +54,8 @@ const (
 //   - {http.redis_lock.key}: the Redis key of the lock (hashed: never the raw
 //     request data);
 //   - {http.redis_lock.fencing_token}: the lock's fencing token;
-//   - {http.redis_lock.result}: what happened to the request, one of
-//     acquired (lock held, request passed on), conflict (409), bypassed
-//     (missing key with missing_key pass: passed on unlocked), fail_open
-//     (Redis unavailable with on_error fail_open: passed on unlocked),
-//     rejected (400 or 413: key missing, body not JSON or too large),
-//     unavailable (503: Redis unavailable), lost (the lock was lost while
-//     the request was in flight), cancelled (the client went away first),
-//     too_early (425: TLS early data).
+//   - {http.redis_lock.result}: what happened to the request (the list
+//     of results is in results.go and in the README).
 //
 // The same values label the caddy_redis_lock_requests_total metric.
 type Handler struct {
