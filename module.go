@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
@@ -246,7 +247,7 @@ func (h *Handler) Validate() error {
 		"lost_lock must be %s or %s, got %q", LostLockAbort, LostLockContinue, h.LostLock)
 	check(h.Errors == ErrorsRespond || h.Errors == ErrorsHandleErrors,
 		"errors must be %s or %s, got %q", ErrorsRespond, ErrorsHandleErrors, h.Errors)
-	check(h.FencingHeaderOff || validHeaderName(h.FencingHeader), "fencing_header %q is not a valid header name", h.FencingHeader)
+	check(h.FencingHeaderOff || httpguts.ValidHeaderFieldName(h.FencingHeader), "fencing_header %q is not a valid header name", h.FencingHeader)
 	check(h.Idempotency == nil, "idempotency is not supported yet")
 	if h.Redis != nil {
 		if err := h.Redis.validate(); err != nil {
@@ -268,31 +269,6 @@ func (h *Handler) Cleanup() error {
 	key := h.poolKey
 	h.poolKey = ""
 	return releaseClient(key)
-}
-
-// validHeaderName reports whether s is a valid HTTP field name (RFC 9110 token).
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case c < 128 && c > ' ' && !isSeparator(c):
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-func isSeparator(c byte) bool {
-	switch c {
-	case '(', ')', '<', '>', '@', ',', ';', ':', '\\', '"', '/', '[', ']', '?', '=', '{', '}', 0x7f:
-		return true
-	}
-	return false
 }
 
 // Interface guards.
