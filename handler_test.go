@@ -24,6 +24,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
@@ -388,7 +389,7 @@ func TestRedisUnavailable(t *testing.T) {
 			t.Fatal(err)
 		}
 		var last *response
-		eventually(t, 15*time.Second, "recovery after Redis came back", func() bool {
+		redistest.Eventually(t, 15*time.Second, "recovery after Redis came back", func() bool {
 			last = s.do("POST", "/flaky", `{}`, "Idempotency-Key", "c")
 			return last.Status == 200
 		})
@@ -478,7 +479,7 @@ func TestLostLockCancelsUpstream(t *testing.T) {
 
 	<-resumed
 	var next *response
-	eventually(t, 10*time.Second, "the next holder after Redis came back", func() bool {
+	redistest.Eventually(t, 10*time.Second, "the next holder after Redis came back", func() bool {
 		next = s.do("POST", "/pay/fast", `{}`, "Idempotency-Key", "lost")
 		return next.Status == 200
 	})
@@ -774,7 +775,7 @@ func TestReleasedAfterUpstreamFailure(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the upstream request went on after the client left")
 		}
-		eventually(t, 5*time.Second, "lock released after the client left", func() bool {
+		redistest.Eventually(t, 5*time.Second, "lock released after the client left", func() bool {
 			return !keyExists(t, rdb, defaultKey("gone"))
 		})
 		if r := s.do("POST", "/pay/ok", `{}`, "Idempotency-Key", "gone"); r.Status != 200 {
@@ -874,7 +875,7 @@ func TestHandleErrorsMode(t *testing.T) {
 // Each prefix has its own fencing counter, <prefix>fence, holding the last
 // token issued; the released lock leaves nothing else behind.
 func TestPrefixNamesFenceCounter(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, func(h *Handler) { h.Prefix = "shop:" })
 	var sent string
 	r, _ := unitRequest("POST", "k-prefix", "")

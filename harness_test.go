@@ -298,18 +298,6 @@ func keyExists(t *testing.T, rdb *redis.Client, key string) bool {
 // defaultKey is the Redis key of name with the default prefix and no scope.
 func defaultKey(name string) string { return lock.Key(DefaultPrefix, "", name) }
 
-// eventually polls cond every 20ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func mustFreePort(t testing.TB) int {
 	t.Helper()
 	p, err := redistest.FreePort()

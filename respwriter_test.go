@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
@@ -190,31 +190,14 @@ func unitRequest(method, key, body string) (*http.Request, *caddy.Replacer) {
 	return r, caddyhttp.NewTestReplacer(r)
 }
 
-func unitRedis(t *testing.T) (*redistest.Server, *redis.Client) {
-	t.Helper()
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { rdb.Close() })
-	return srv, rdb
-}
-
-func redisExists(t *testing.T, rdb *redis.Client, key string) bool {
-	t.Helper()
-	n, err := rdb.Exists(context.Background(), key).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n == 1
-}
-
 func TestReleasedBeforeLastByte(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
 	key := lock.Key(DefaultPrefix, "", "k1")
 
 	pw := newProbeWriter()
 	var heldAt []bool // per client-side write: was the lock still in Redis?
-	pw.onWrite = func([]byte) { heldAt = append(heldAt, redisExists(t, rdb, key)) }
+	pw.onWrite = func([]byte) { heldAt = append(heldAt, keyExists(t, rdb, key)) }
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Length", "11")
 		w.Write([]byte("hello"))
@@ -240,7 +223,7 @@ func TestReleasedBeforeLastByte(t *testing.T) {
 }
 
 func TestFencingHeaderCannotBeForged(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, func(h *Handler) { h.MissingKey = MissingKeyPass })
 	var got []string
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -264,15 +247,15 @@ func TestFencingHeaderCannotBeForged(t *testing.T) {
 }
 
 func TestReleasedWhenNextFailsOrPanics(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
 	key := lock.Key(DefaultPrefix, "", "k3")
 	boom := errors.New("upstream failed")
 
 	r, _ := unitRequest("POST", "k3", "")
 	err := h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return boom }))
-	if !errors.Is(err, boom) || redisExists(t, rdb, key) {
-		t.Fatalf("err %v, lock left %v: want next's error and the lock released", err, redisExists(t, rdb, key))
+	if !errors.Is(err, boom) || keyExists(t, rdb, key) {
+		t.Fatalf("err %v, lock left %v: want next's error and the lock released", err, keyExists(t, rdb, key))
 	}
 
 	r, _ = unitRequest("POST", "k3", "")
@@ -287,13 +270,13 @@ func TestReleasedWhenNextFailsOrPanics(t *testing.T) {
 			panic("handler panic")
 		}))
 	}()
-	if redisExists(t, rdb, key) {
+	if keyExists(t, rdb, key) {
 		t.Fatal("lock left in Redis after a panic in next")
 	}
 }
 
 func TestConflictRetryAfterRoundsUp(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
 	key := lock.Key(DefaultPrefix, "", "k4")
 	holdLock(t, rdb, key, 2300*time.Millisecond)
@@ -338,7 +321,7 @@ func fastRenew(h *Handler) {
 }
 
 func TestLostLockBeforeResponse(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k5")
 	var sawCancel atomic.Bool
@@ -359,7 +342,7 @@ func TestLostLockBeforeResponse(t *testing.T) {
 }
 
 func TestLostLockAfterBytesAborts(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k6")
 	var sawCancel atomic.Bool
@@ -380,7 +363,7 @@ func TestLostLockAfterBytesAborts(t *testing.T) {
 }
 
 func TestLostLockContinue(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, func(h *Handler) {
 		h.TTL = caddy.Duration(3 * time.Second)
 		h.Renew = caddy.Duration(50 * time.Millisecond)
@@ -410,7 +393,7 @@ func TestLostLockContinue(t *testing.T) {
 // server, which does not recover panics) makes of the abort: the connection
 // is closed, the client sees a truncated body and no 500.
 func TestAbortReachesClientAsBrokenResponse(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k8")
 	var sawCancel atomic.Bool
@@ -481,7 +464,7 @@ func TestRedisDown(t *testing.T) {
 }
 
 func TestClientGoneBeforeLock(t *testing.T) {
-	srv, _ := unitRedis(t)
+	srv, _ := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
 	r, repl := unitRequest("POST", "k10", "")
 	ctx, cancel := context.WithCancel(r.Context())
@@ -498,7 +481,7 @@ func TestClientGoneBeforeLock(t *testing.T) {
 }
 
 func TestJSONBodyHandedOn(t *testing.T) {
-	srv, _ := unitRedis(t)
+	srv, _ := newRedis(t)
 	h := unitHandler(t, srv.Addr, func(h *Handler) {
 		h.Key = "order:{http.redis_lock.json.order_id}"
 		h.MaxBody = 64
@@ -535,7 +518,7 @@ func TestJSONBodyHandedOn(t *testing.T) {
 // TestLostLockWhenNextAborts is reverse_proxy's way: its upstream request is
 // cancelled mid-body, so it panics with http.ErrAbortHandler itself.
 func TestLostLockWhenNextAborts(t *testing.T) {
-	srv, rdb := unitRedis(t)
+	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
 	key := lock.Key(DefaultPrefix, "", "k11")
 	var sawCancel atomic.Bool
@@ -549,8 +532,8 @@ func TestLostLockWhenNextAborts(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		}))
 	}()
-	if recovered != http.ErrAbortHandler || redisExists(t, rdb, key) {
-		t.Fatalf("recovered %v, lock left %v", recovered, redisExists(t, rdb, key))
+	if recovered != http.ErrAbortHandler || keyExists(t, rdb, key) {
+		t.Fatalf("recovered %v, lock left %v", recovered, keyExists(t, rdb, key))
 	}
 	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
 		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))

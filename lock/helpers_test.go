@@ -81,18 +81,6 @@ func (c *cmdCounter) take() []string {
 	return out
 }
 
-// eventually polls cond until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // waitDone waits up to d for ctx to end and returns how long that took.
 func waitDone(t testing.TB, ctx context.Context, d time.Duration) bool {
 	t.Helper()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 func TestKeepAliveHoldsPastTTL(t *testing.T) {
@@ -162,7 +163,7 @@ func TestKeepAliveLeaseExpiresWhileRedisPaused(t *testing.T) {
 	}
 	t.Logf("lost %v after Acquire was sent, %v after the pause (ttl %v)", lostAt.Sub(start), lostAt.Sub(paused), ttl)
 	// The lease is gone in Redis as well once it answers again.
-	eventually(t, 5*time.Second, "key expired after Resume", func() bool {
+	redistest.Eventually(t, 5*time.Second, "key expired after Resume", func() bool {
 		return rdb.Exists(ctx, key).Val() == 0
 	})
 }
@@ -236,7 +237,7 @@ func TestKeepAliveStopsOnRelease(t *testing.T) {
 	key := testKey(t)
 	const ttl, renew = 300 * time.Millisecond, 30 * time.Millisecond
 	l := mustAcquire(t, c, key, Options{TTL: ttl, Renew: renew})
-	eventually(t, 5*time.Second, "3 renewals", func() bool { return renewals.Load() >= 3 })
+	redistest.Eventually(t, 5*time.Second, "3 renewals", func() bool { return renewals.Load() >= 3 })
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 // The classic scenario: A's lease expires, B acquires, A releases late. B
@@ -27,7 +29,7 @@ func TestReleaseAfterTakeoverLeavesNewHolder(t *testing.T) {
 		t.Fatalf("A's context cause = %v, want ErrLeaseExpired", cause)
 	}
 	// The local deadline comes before Redis's expiry; wait for the latter.
-	eventually(t, 5*time.Second, "A's key expired in Redis", func() bool {
+	redistest.Eventually(t, 5*time.Second, "A's key expired in Redis", func() bool {
 		return rdb.Exists(ctx, key).Val() == 0
 	})
 	b := mustAcquire(t, c, key, Options{TTL: time.Minute})
@@ -258,7 +260,7 @@ func TestRefreshLongerLeaseWithKeepAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := renewals.Load()
-	eventually(t, 5*time.Second, "two renewals after Refresh", func() bool { return renewals.Load() >= n+2 })
+	redistest.Eventually(t, 5*time.Second, "two renewals after Refresh", func() bool { return renewals.Load() >= n+2 })
 	pttl := rdb.PTTL(ctx, key).Val()
 	left := time.Until(l.Deadline())
 	if left > pttl+200*time.Millisecond {
