@@ -1,0 +1,414 @@
+package redislock
+
+// Tests of ServeHTTP called directly, with a provisioned Handler and a real
+// redis-server but no Caddy server around it: the release order against the
+// response, lost locks, Redis down, and what reaches the next handler.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// unitHandler provisions a handler against the redis-server at addr.
+func unitHandler(t *testing.T, addr string, modify func(*Handler)) *Handler {
+	t.Helper()
+	h := &Handler{Key: "{http.request.header.Idempotency-Key}", Redis: &RedisConfig{Addresses: []string{addr}}}
+	if modify != nil {
+		modify(h)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Cleanup() })
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// unitRequest is a request as Caddy hands it to a handler: with a replacer.
+func unitRequest(method, key, body string) (*http.Request, *caddy.Replacer) {
+	r := httptest.NewRequest(method, "/checkout", strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	return r, caddyhttp.NewTestReplacer(r)
+}
+
+func TestReleasedBeforeLastByte(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, nil)
+	key := lock.Key(DefaultPrefix, "", "k1")
+
+	pw := newProbeWriter()
+	var heldAt []bool // per client-side write: was the lock still in Redis?
+	pw.onWrite = func([]byte) { heldAt = append(heldAt, keyExists(t, rdb, key)) }
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Length", "11")
+		w.Write([]byte("hello"))
+		_, err := io.Copy(w, strings.NewReader(" world")) // the ReadFrom path
+		return err
+	})
+	r, repl := unitRequest("POST", "k1", "")
+	if err := h.ServeHTTP(pw, r, next); err != nil {
+		t.Fatal(err)
+	}
+	if pw.body.String() != "hello world" {
+		t.Fatalf("body %q", pw.body.String())
+	}
+	if len(heldAt) < 2 || !heldAt[0] || heldAt[len(heldAt)-1] {
+		t.Fatalf("lock held at each client write = %v: want held for all but the last, released before it", heldAt)
+	}
+	if res, _ := repl.GetString(phResult); res != resultAcquired {
+		t.Errorf("result %q", res)
+	}
+	if got, _ := repl.GetString(phKey); got != key {
+		t.Errorf("{http.redis_lock.key} = %q, want the hashed key %q", got, key)
+	}
+}
+
+func TestFencingHeaderCannotBeForged(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, func(h *Handler) { h.MissingKey = MissingKeyPass })
+	var got []string
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		got = append(got, r.Header.Get("Fencing-Token"))
+		return nil
+	})
+	for _, key := range []string{"k2", ""} { // locked, then bypassed (no key)
+		r, _ := unitRequest("POST", key, "")
+		r.Header.Set("Fencing-Token", "999999999999999999")
+		if err := h.ServeHTTP(newProbeWriter(), r, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fence, err := rdb.Get(context.Background(), lock.FenceCounterKey(DefaultPrefix)).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != strconv.FormatInt(fence, 10) || got[1] != "" {
+		t.Fatalf("fencing headers upstream = %q, want [%d, \"\"]", got, fence)
+	}
+}
+
+func TestReleasedWhenNextFailsOrPanics(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, nil)
+	key := lock.Key(DefaultPrefix, "", "k3")
+	boom := errors.New("upstream failed")
+
+	r, _ := unitRequest("POST", "k3", "")
+	err := h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return boom }))
+	if !errors.Is(err, boom) || keyExists(t, rdb, key) {
+		t.Fatalf("err %v, lock left %v: want next's error and the lock released", err, keyExists(t, rdb, key))
+	}
+
+	r, _ = unitRequest("POST", "k3", "")
+	func() {
+		defer func() {
+			if p := recover(); p != "handler panic" {
+				t.Errorf("recovered %v, want next's panic re-raised", p)
+			}
+		}()
+		h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			w.Write([]byte("x"))
+			panic("handler panic")
+		}))
+	}()
+	if keyExists(t, rdb, key) {
+		t.Fatal("lock left in Redis after a panic in next")
+	}
+}
+
+func TestConflictRetryAfterRoundsUp(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, nil)
+	key := lock.Key(DefaultPrefix, "", "k4")
+	holdLock(t, rdb, key, 2300*time.Millisecond)
+	rec := httptest.NewRecorder()
+	r, repl := unitRequest("POST", "k4", "")
+	called := false
+	h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { called = true; return nil }))
+	if called || rec.Code != 409 || rec.Header().Get("Retry-After") != "3" {
+		t.Fatalf("next called %v, status %d, Retry-After %q: want 409 and 3 (2.3s rounded up)", called, rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if res, _ := repl.GetString(phResult); res != resultConflict {
+		t.Errorf("result %q", res)
+	}
+}
+
+// loseLock returns a next handler that deletes the lock in Redis (another
+// holder's expiry or takeover), optionally after writing, and then waits for
+// its request context to end as reverse_proxy would.
+func loseLock(t *testing.T, rdb *redis.Client, key, write string, sawCancel *atomic.Bool) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		if write != "" {
+			w.Write([]byte(write))
+		}
+		if err := rdb.Del(context.Background(), key).Err(); err != nil {
+			t.Error(err)
+		}
+		select {
+		case <-r.Context().Done():
+			sawCancel.Store(true)
+			return caddyhttp.Error(http.StatusBadGateway, r.Context().Err())
+		case <-time.After(10 * time.Second):
+			return errors.New("request context never cancelled")
+		}
+	})
+}
+
+// fastRenew gives a handler a 3s lease renewed every 100ms, so a lock
+// deleted behind its back is noticed within about 100ms.
+func fastRenew(h *Handler) {
+	h.TTL = caddy.Duration(3 * time.Second)
+	h.Renew = caddy.Duration(100 * time.Millisecond)
+}
+
+func TestLostLockBeforeResponse(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, fastRenew)
+	key := lock.Key(DefaultPrefix, "", "k5")
+	var sawCancel atomic.Bool
+	rec := httptest.NewRecorder()
+	r, repl := unitRequest("POST", "k5", "")
+	err := h.ServeHTTP(rec, r, loseLock(t, rdb, key, "", &sawCancel))
+	if err != nil || rec.Code != 503 || !sawCancel.Load() {
+		t.Fatalf("err %v, status %d, upstream cancelled %v: want the 502 replaced by 503", err, rec.Code, sawCancel.Load())
+	}
+	var body problemJSON
+	json.Unmarshal(rec.Body.Bytes(), &body)
+	if body.Type != problemTypeBase+"lock-lost" || rec.Header().Get("Retry-After") != "1" {
+		t.Errorf("body %+v, Retry-After %q", body, rec.Header().Get("Retry-After"))
+	}
+	if res, _ := repl.GetString(phResult); res != resultLost {
+		t.Errorf("result %q", res)
+	}
+}
+
+func TestLostLockAfterBytesAborts(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, fastRenew)
+	key := lock.Key(DefaultPrefix, "", "k6")
+	var sawCancel atomic.Bool
+	partial := strings.Repeat("p", holdSize+10) // more than is held: bytes reach the client
+	pw := newProbeWriter()
+	r, _ := unitRequest("POST", "k6", "")
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		h.ServeHTTP(pw, r, loseLock(t, rdb, key, partial, &sawCancel))
+	}()
+	if recovered != http.ErrAbortHandler || !sawCancel.Load() {
+		t.Fatalf("recovered %v, upstream cancelled %v: want http.ErrAbortHandler", recovered, sawCancel.Load())
+	}
+	if pw.body.String() != partial[:len(partial)-1] {
+		t.Errorf("client side got %d bytes: want all but the held last byte (%d)", pw.body.Len(), len(partial)-1)
+	}
+}
+
+func TestLostLockContinue(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, func(h *Handler) {
+		h.TTL = caddy.Duration(3 * time.Second)
+		h.Renew = caddy.Duration(50 * time.Millisecond)
+		h.LostLock = LostLockContinue
+	})
+	key := lock.Key(DefaultPrefix, "", "k7")
+	rec := httptest.NewRecorder()
+	r, repl := unitRequest("POST", "k7", "")
+	err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		rdb.Del(context.Background(), key)
+		time.Sleep(300 * time.Millisecond) // several renewals: one finds the lock gone
+		if r.Context().Err() != nil {
+			t.Error("lost_lock continue must not cancel the request")
+		}
+		_, err := w.Write([]byte("done"))
+		return err
+	}))
+	if err != nil || rec.Code != 200 || rec.Body.String() != "done" {
+		t.Fatalf("err %v, status %d, body %q", err, rec.Code, rec.Body.String())
+	}
+	if res, _ := repl.GetString(phResult); res != resultLost {
+		t.Errorf("result %q, want lost (counted and logged)", res)
+	}
+}
+
+// TestAbortReachesClientAsBrokenResponse checks what net/http (under Caddy's
+// server, which does not recover panics) makes of the abort: the connection
+// is closed, the client sees a truncated body and no 500.
+func TestAbortReachesClientAsBrokenResponse(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, fastRenew)
+	key := lock.Key(DefaultPrefix, "", "k8")
+	var sawCancel atomic.Bool
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		caddyhttp.NewTestReplacer(r)
+		w.Header().Set("Content-Length", "12")
+		h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			w.WriteHeader(200)
+			http.NewResponseController(w).Flush()
+			return loseLock(t, rdb, key, "partial", &sawCancel).ServeHTTP(w, r)
+		}))
+	}))
+	ts.Config.ErrorLog = nil
+	defer ts.Close()
+	req, _ := http.NewRequest("POST", ts.URL, nil)
+	req.Header.Set("Idempotency-Key", "k8")
+	res, err := ts.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if res.StatusCode != 200 || err == nil || len(b) >= 12 {
+		t.Fatalf("status %d, body %q, read error %v: want a truncated 200", res.StatusCode, b, err)
+	}
+}
+
+func TestRedisDown(t *testing.T) {
+	port, err := redistest.FreePort() // nothing listens here
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	for _, mode := range []string{OnErrorFailClosed, OnErrorFailOpen} {
+		t.Run(mode, func(t *testing.T) {
+			h := unitHandler(t, addr, func(h *Handler) { h.OnError = mode })
+			rec := httptest.NewRecorder()
+			r, repl := unitRequest("POST", "k9", "")
+			r.Header.Set("Fencing-Token", "42")
+			var upstreamFence *string
+			start := time.Now()
+			err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				f := r.Header.Get("Fencing-Token")
+				upstreamFence = &f
+				return nil
+			}))
+			took := time.Since(start)
+			t.Logf("%s answered in %v", mode, took)
+			if err != nil || took > 500*time.Millisecond { // refused: milliseconds, not go-redis's dial retries
+				t.Fatalf("err %v, took %v", err, took)
+			}
+			res, _ := repl.GetString(phResult)
+			switch mode {
+			case OnErrorFailClosed:
+				if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" || upstreamFence != nil || res != resultUnavailable {
+					t.Fatalf("status %d, Retry-After %q, result %q", rec.Code, rec.Header().Get("Retry-After"), res)
+				}
+				if b := rec.Body.String(); strings.Contains(b, addr) || strings.Contains(b, "refused") {
+					t.Errorf("body leaks Redis detail: %s", b)
+				}
+			case OnErrorFailOpen:
+				if upstreamFence == nil || *upstreamFence != "" || res != resultFailOpen {
+					t.Fatalf("upstream called %v (fence %v), result %q: want passed on, fence stripped", upstreamFence != nil, upstreamFence, res)
+				}
+			}
+		})
+	}
+}
+
+func TestClientGoneBeforeLock(t *testing.T) {
+	srv, _ := newRedis(t)
+	h := unitHandler(t, srv.Addr, nil)
+	r, repl := unitRequest("POST", "k10", "")
+	ctx, cancel := context.WithCancel(r.Context())
+	cancel()
+	r = r.WithContext(ctx)
+	rec := httptest.NewRecorder()
+	err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		t.Error("next called for a gone client")
+		return nil
+	}))
+	if res, _ := repl.GetString(phResult); err != nil || rec.Body.Len() != 0 || res != resultCancelled {
+		t.Fatalf("err %v, body %q, result %q", err, rec.Body.String(), res)
+	}
+}
+
+func TestJSONBodyHandedOn(t *testing.T) {
+	srv, _ := newRedis(t)
+	h := unitHandler(t, srv.Addr, func(h *Handler) {
+		h.Key = "order:{http.redis_lock.json.order_id}"
+		h.MaxBody = 64
+	})
+	const doc = `{"order_id": 12, "note": "x"}`
+	for _, tt := range []struct {
+		body   string
+		status int
+	}{
+		{doc, 200},
+		{`{"note": "no id"}`, 400},
+		{`{"order_id": null}`, 400},
+		{"order_id=12", 400},
+		{"", 400},
+		{`{"order_id": 12, "pad": "` + strings.Repeat("x", 64) + `"}`, 413},
+	} {
+		rec := httptest.NewRecorder()
+		r, _ := unitRequest("POST", "", tt.body)
+		var seenBody string
+		h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			b, _ := io.ReadAll(r.Body)
+			seenBody = string(b)
+			return nil
+		}))
+		if rec.Code != tt.status {
+			t.Errorf("body %q: status %d, want %d", tt.body, rec.Code, tt.status)
+		}
+		if tt.status == 200 && seenBody != tt.body {
+			t.Errorf("next read %q, want the body intact", seenBody)
+		}
+	}
+}
+
+// TestLostLockWhenNextAborts is reverse_proxy's way: its upstream request is
+// cancelled mid-body, so it panics with http.ErrAbortHandler itself.
+func TestLostLockWhenNextAborts(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, fastRenew)
+	key := lock.Key(DefaultPrefix, "", "k11")
+	var sawCancel atomic.Bool
+	r, repl := unitRequest("POST", "k11", "")
+	lostBefore := counterValue(t, metrics.lost)
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			loseLock(t, rdb, key, "partial", &sawCancel).ServeHTTP(w, r)
+			panic(http.ErrAbortHandler)
+		}))
+	}()
+	if recovered != http.ErrAbortHandler || keyExists(t, rdb, key) {
+		t.Fatalf("recovered %v, lock left %v", recovered, keyExists(t, rdb, key))
+	}
+	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
+		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))
+	}
+}
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
