@@ -2,9 +2,8 @@ package redislock
 
 // Acceptance tests of the redis_lock handler through Caddy itself (an
 // in-process Caddy loaded from a Caddyfile, see harness_test.go), against a
-// real redis-server: the rows of DESIGN.md's "Responses" table (all but the
-// idempotency rows), fencing tokens, placeholders, release, metrics, reloads
-// and handle_errors.
+// real redis-server: the rows of the README's responses table, fencing
+// tokens, placeholders, release, metrics, reloads and handle_errors.
 
 import (
 	"context"

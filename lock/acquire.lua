@@ -30,9 +30,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	return fence
 end
--- pcall: a lock key of another type (a string lock of an older version)
--- is another holder's, not an error.
-local mine = redis.pcall('HGET', KEYS[1], ARGV[1])
+local mine = redis.call('HGET', KEYS[1], ARGV[1])
 if type(mine) == 'string' then
 	-- Our own acquire again (a retry whose first reply was lost): succeed
 	-- with the token issued the first time, never a second one.

@@ -235,10 +235,6 @@ func (c *Client) releaseToken(ctx context.Context, key, token string) error {
 	// deletes it only if the token is ours, and Redis deletes the key with
 	// its last field. No script, so no script cache to miss either.
 	n, err := c.rdb.HDel(rctx, key, token).Result()
-	if err != nil && redis.HasErrorPrefix(err, "WRONGTYPE") { // only on error: it allocates
-		// Not a hash: another holder's lock in an older layout, not ours.
-		return ErrNotHeld
-	}
 	if err != nil {
 		// The caller's context cannot end a release; the release's own
 		// timeout passing means Redis did not answer: ErrUnavailable.

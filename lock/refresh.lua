@@ -2,8 +2,7 @@
 -- lock key, not HEXPIRE: the lease belongs to the whole lock, not to the
 -- token's hash field.
 -- KEYS[1] lock key; ARGV[1] token, ARGV[2] lease in ms. Returns 1 or 0.
--- pcall: a key of another type is another holder's lock (0), not an error.
-if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
 	return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0

@@ -64,17 +64,6 @@ func TestReleaseIsTokenChecked(t *testing.T) {
 	if got := holderOf(t, rdb, key); got != "someone-else" {
 		t.Fatalf("Release deleted another holder's lock: holder %q", got)
 	}
-	// A string lock of an older version's layout: not ours either, and
-	// left alone.
-	if err := rdb.Set(ctx, key, "old-node", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctx); !errors.Is(err, ErrNotHeld) {
-		t.Fatalf("Release over a string lock = %v, want ErrNotHeld", err)
-	}
-	if got := rdb.Get(ctx, key).Val(); got != "old-node" {
-		t.Fatalf("Release touched a string lock: GET = %q", got)
-	}
 }
 
 func TestReleaseIsIdempotent(t *testing.T) {
