@@ -1,14 +1,3 @@
-// Package lock is a Redis lock for one holder at a time across many processes:
-// one-round-trip acquire that also issues a strictly increasing fencing token,
-// a keep-alive that cancels the holder's context as soon as the lease may have
-// been lost, and a token-checked release. It is built on go-redis
-// (redis.UniversalClient: standalone and Sentinel clients; Redis Cluster
-// would need a fencing counter per hash slot, not done yet) and does not
-// depend on Caddy.
-//
-// A lease is a timing assumption: a holder that pauses longer than its lease
-// can still act after another holder took over. Pass the fencing token to the
-// protected resource and have it reject tokens lower than one it has seen.
 package lock
 
 import (

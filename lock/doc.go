@@ -1,0 +1,16 @@
+// Package lock is a Redis lock that lets one holder at a time, across any
+// number of processes, work on a named resource. Acquire takes the lock in
+// one round trip and, in the same step, issues a fencing token larger than
+// every earlier holder's; a keep-alive renews the lease and cancels the
+// lock's Context as soon as the lock may have been lost (Redis reports
+// another holder, or the local lease deadline passes without a successful
+// renewal); Release deletes the lock only if it is still the caller's. It
+// takes a go-redis redis.UniversalClient for a standalone Redis or a
+// Sentinel-managed one (Redis Cluster is not supported) and does not
+// depend on Caddy.
+//
+// A lease is a timing assumption: a holder that pauses for longer than its
+// lease can still act after another holder has taken over. Where that
+// matters, pass Lock.Fence to the protected resource with every write and
+// have the resource reject a token lower than the highest it has accepted.
+package lock
