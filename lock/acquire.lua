@@ -8,6 +8,12 @@
 -- holder's PTTL as an integer when it is not: the reply's type tells which,
 -- with no table to build in Lua or to unpack in the client.
 if redis.call('EXISTS', KEYS[1]) == 0 then
+	-- A script is not a transaction: a command that fails after HSET (an
+	-- ACL user without PEXPIRE) would leave a lock with no TTL, held for
+	-- ever. Check first (Redis 7+), and undo should PEXPIRE fail anyway.
+	if redis.acl_check_cmd and not redis.acl_check_cmd('PEXPIRE', KEYS[1], ARGV[2]) then
+		return redis.error_reply('NOPERM this user may not run PEXPIRE on the lock key')
+	end
 	-- The token is the server clock in microseconds, or one more than the
 	-- last token issued when that is not below it (same microsecond, clock
 	-- set back). One mark for all keys: tokens strictly increase per key
@@ -27,7 +33,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 		fence = redis.call('GET', KEYS[2])
 	end
 	redis.call('HSET', KEYS[1], ARGV[1], fence)
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	local ok = redis.pcall('PEXPIRE', KEYS[1], ARGV[2])
+	if type(ok) == 'table' and ok.err then
+		redis.pcall('DEL', KEYS[1])
+		return ok
+	end
 	return fence
 end
 local mine = redis.call('HGET', KEYS[1], ARGV[1])

@@ -46,38 +46,62 @@ type Options struct {
 type Config struct {
 	// FenceKey is the fencing counter: the last fencing token issued, one
 	// key for all locks of this client, with no TTL. Default:
-	// FenceCounterKey(DefaultPrefix), "redis_lock:fence". (Redis Cluster
-	// would need one per hash slot; it is not supported yet.)
+	// FenceCounterKey(DefaultPrefix), "redis_lock:fence".
 	FenceKey string
+	// CallTimeout bounds each acquire attempt and each refresh: waiting in
+	// a pipeline queue, for a pooled connection, dialling and any retry
+	// included. Default 0: only the caller's context and the Redis client's
+	// own timeouts bound them.
+	CallTimeout time.Duration
 	// ReleaseTimeout bounds Release, which runs detached from the caller's
-	// cancellation. Default 0: the Redis client's own read and write
-	// timeouts bound it (go-redis: ReadTimeout, 3s unless set), which costs
-	// no timer per release; set it when those are longer than a release
-	// should take.
+	// cancellation. Default 0: CallTimeout, else the Redis client's own
+	// read and write timeouts (go-redis: ReadTimeout, 3s unless set).
 	ReleaseTimeout time.Duration
+	// MaxBackground bounds the releases running in the background at once:
+	// those after an acquire whose reply did not come (the lock may have
+	// been taken) and ReleaseAsync. Beyond it they are dropped and the
+	// lease ends the lock. Default 64.
+	MaxBackground int
 	// OnRenew, when set, is called after every keep-alive refresh with nil,
 	// ErrNotHeld or an ErrUnavailable error (for metrics).
 	OnRenew func(err error)
 }
 
+// DefaultMaxBackground is Config.MaxBackground's default.
+const DefaultMaxBackground = 64
+
 // Client takes locks on one Redis deployment.
 type Client struct {
-	rdb redis.UniversalClient
-	cfg Config
+	rdb   redis.UniversalClient
+	async submitter // rdb as a deferred autopipeliner, else nil
+	cfg   Config
+	bg    chan struct{} // background work running
 }
 
 // New returns a Client. For context deadlines to bound each call, create rdb
-// with ContextTimeoutEnabled. go-redis may retry a command after a network
-// error; every command here is idempotent for its own token, so a retry never
-// applies twice.
+// with ContextTimeoutEnabled. A deferred autopipeliner (AsyncAutoPipeline)
+// shares round trips between concurrent callers, and each call still gives
+// up waiting at its deadline. go-redis may retry a command after a network
+// error; every command here is idempotent for its own token, so a retry
+// never applies twice.
 func New(rdb redis.UniversalClient, cfg *Config) *Client {
 	c := &Client{rdb: rdb}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
+	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
+		c.async = s
+	}
 	if c.cfg.FenceKey == "" {
 		c.cfg.FenceKey = FenceCounterKey(DefaultPrefix)
 	}
+	if c.cfg.ReleaseTimeout <= 0 {
+		c.cfg.ReleaseTimeout = c.cfg.CallTimeout
+	}
+	if c.cfg.MaxBackground <= 0 {
+		c.cfg.MaxBackground = DefaultMaxBackground
+	}
+	c.bg = make(chan struct{}, c.cfg.MaxBackground)
 	return c
 }
 
@@ -128,9 +152,11 @@ func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, e
 		sent := time.Now()
 		fence, remaining, ok, err := c.acquireOnce(ctx, key, token, ttl)
 		if err != nil {
-			// The script may have run and only the reply been lost: free
-			// what may be ours so a duplicate is not blocked for a lease.
-			go c.releaseToken(context.WithoutCancel(ctx), key, token)
+			// The script may have run (or still run: a queued command is
+			// sent even after its caller gave up) and only the reply be
+			// lost: free what may be ours so a duplicate is not blocked
+			// for a lease.
+			c.background(ctx, func(ctx context.Context) { _ = c.releaseToken(ctx, key, token) })
 			return nil, err
 		}
 		if ok {
@@ -178,11 +204,13 @@ const (
 // acquireOnce runs the acquire script: the lock and its fencing token, or the
 // holder's remaining lease.
 func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Duration) (fence int64, remaining time.Duration, ok bool, err error) {
-	res, err := acquireScript.Run(ctx, c.rdb, []string{key, c.cfg.FenceKey},
-		token, ttl.Milliseconds()).Result()
+	cctx, cancel := c.callContext(ctx)
+	defer cancel()
+	cmd, err := c.runScript(cctx, acquireScript, []string{key, c.cfg.FenceKey}, token, ttl.Milliseconds())
 	if err != nil {
 		return 0, 0, false, classify(ctx, err)
 	}
+	res := cmd.Val()
 	switch v := res.(type) {
 	case string: // ours: the fencing token
 		if fence, perr := strconv.ParseInt(v, 10, 64); perr == nil {
@@ -199,7 +227,13 @@ func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Du
 
 // refresh extends key's lease to ttl if it still holds token.
 func (c *Client) refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	n, err := refreshScript.Run(ctx, c.rdb, []string{key}, token, ttl.Milliseconds()).Int64()
+	cctx, cancel := c.callContext(ctx)
+	defer cancel()
+	cmd, err := c.runScript(cctx, refreshScript, []string{key}, token, ttl.Milliseconds())
+	if err != nil {
+		return classify(ctx, err)
+	}
+	n, err := cmd.Int64()
 	if err != nil {
 		return classify(ctx, err)
 	}
@@ -223,13 +257,14 @@ func (c *Client) releaseToken(ctx context.Context, key, token string) error {
 	// The lock is a hash whose one field is the holder's token: HDEL
 	// deletes it only if the token is ours, and Redis deletes the key with
 	// its last field. No script, so no script cache to miss either.
-	n, err := c.rdb.HDel(rctx, key, token).Result()
+	cmd := redis.NewIntCmd(rctx, "hdel", key, token)
+	err := c.process(rctx, cmd)
 	if err != nil {
 		// The caller's context cannot end a release; the release's own
 		// timeout passing means Redis did not answer: ErrUnavailable.
 		return classify(detached, err)
 	}
-	if n != 1 {
+	if cmd.Val() != 1 {
 		return ErrNotHeld
 	}
 	return nil

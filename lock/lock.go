@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -118,17 +119,44 @@ func (l *Lock) setLease(sent time.Time, ttl time.Duration) {
 
 // Release deletes the lock if it is still ours and stops the keep-alive. It
 // runs detached from ctx's cancellation (the caller may be gone), bounded by
-// the client's ReleaseTimeout (default: the Redis client's read/write
-// timeouts). It is safe to call more than once; a lock that has expired or
-// been taken over reports ErrNotHeld and is left alone.
+// the client's ReleaseTimeout. It is safe to call more than once; a lock
+// that has expired or been taken over reports ErrNotHeld and is left alone.
 func (l *Lock) Release(ctx context.Context) error {
+	l.stop()
+	return l.c.releaseToken(ctx, l.key, l.token)
+}
+
+// ReleaseAsync stops the keep-alive and ends the lock's Context at once, and
+// deletes the lock in the background, for a caller that must not wait on
+// Redis (one answering a lost lock at its deadline). done, when not nil, is
+// called with Release's result, or with ErrUnavailable when the client's
+// background work is at MaxBackground and the lease is left to end the lock.
+func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
+	l.cancel(ErrReleased)
+	started := l.c.background(ctx, func(ctx context.Context) {
+		l.stop()
+		err := l.c.releaseToken(ctx, l.key, l.token)
+		if done != nil {
+			done(err)
+		}
+	})
+	if !started {
+		l.stop()
+		if done != nil {
+			done(fmt.Errorf("%w: too much background work; the lease ends the lock", ErrUnavailable))
+		}
+	}
+}
+
+// stop ends the keep-alive and the lock's Context, and waits for a refresh
+// in flight (it ends with the context).
+func (l *Lock) stop() {
 	l.mu.Lock()
 	l.done = true
 	l.timer.Stop()
 	l.mu.Unlock()
 	l.cancel(ErrReleased)
-	l.inflight.Wait() // an in-flight refresh ends with the context above
-	return l.c.releaseToken(ctx, l.key, l.token)
+	l.inflight.Wait()
 }
 
 // tick is the keep-alive: refresh, then re-arm for the next interval or, after

@@ -1,0 +1,271 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+)
+
+// asyncRDB is the client setup of the Caddy handler: go-redis's deferred
+// autopipeliner over a client that retries once.
+func asyncRDB(t testing.TB, addr string) redis.UniversalClient {
+	t.Helper()
+	base := redis.NewClient(&redis.Options{
+		Addr: addr, ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1,
+		DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond,
+	})
+	ap, err := base.AsyncAutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ap.Close(); _ = base.Close() })
+	return ap
+}
+
+// A paused Redis (SIGSTOP) answers nothing. With the deferred autopipeliner
+// every acquire, also of many concurrent callers whose commands queue
+// behind each other, gives up at CallTimeout, and so does a release at
+// ReleaseTimeout.
+func TestCallTimeoutBoundsQueuedCalls(t *testing.T) {
+	srv, _ := startRedis(t)
+	const callTimeout = 600 * time.Millisecond
+	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: callTimeout})
+	if c.async == nil {
+		t.Fatal("the deferred autopipeliner was not recognised")
+	}
+	held := mustAcquire(t, c, testKey(t)+"-held", Options{TTL: time.Minute, Renew: NoRenew})
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+
+	const n = 50
+	var wg sync.WaitGroup
+	took := make([]time.Duration, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[i] = c.Acquire(context.Background(), fmt.Sprintf("%s-%d", testKey(t), i), Options{TTL: time.Minute})
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if !errors.Is(errs[i], ErrUnavailable) {
+			t.Errorf("acquire %d on a paused Redis: %v, want ErrUnavailable", i, errs[i])
+		}
+		if took[i] > callTimeout+300*time.Millisecond {
+			t.Errorf("acquire %d took %v, want about the %v CallTimeout", i, took[i], callTimeout)
+		}
+	}
+	start := time.Now()
+	err := held.Release(context.Background())
+	checkUnavailable(t, "Release on a paused Redis", err)
+	if d := time.Since(start); d > callTimeout+300*time.Millisecond {
+		t.Errorf("Release took %v, want about the %v ReleaseTimeout (defaults to CallTimeout)", d, callTimeout)
+	}
+}
+
+// Acquires that fail leave a release behind each (the script may have run),
+// but never more than MaxBackground at once.
+func TestBackgroundReleasesAreBounded(t *testing.T) {
+	srv, _ := startRedis(t)
+	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: 200 * time.Millisecond, MaxBackground: 4})
+	mustAcquire(t, c, testKey(t)+"-warm", Options{TTL: time.Minute, Renew: NoRenew})
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n := int64(len(c.bg)); n > peak.Load() {
+				peak.Store(n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = c.Acquire(context.Background(), fmt.Sprintf("%s-%d", testKey(t), i), Options{TTL: time.Minute})
+		}()
+	}
+	wg.Wait()
+	time.Sleep(100 * time.Millisecond) // the last ones are still waiting on Redis
+	_ = srv.Resume()
+	redistest.Eventually(t, 5*time.Second, "background releases to end", func() bool { return len(c.bg) == 0 })
+	close(stop)
+	if p := peak.Load(); p != 4 {
+		t.Fatalf("background releases at once: peak %d, want MaxBackground (4)", p)
+	}
+}
+
+// failOnce is a go-redis hook that fails the first command named name with
+// a network-like error, without sending it.
+type failOnce struct {
+	name   string
+	failed atomic.Bool
+}
+
+func (f *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (f *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.EqualFold(cmd.Name(), f.name) && refreshArgs(cmd) && f.failed.CompareAndSwap(false, true) {
+			err := errors.New("injected: connection reset by peer")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// refreshArgs reports whether an EVALSHA/EVAL runs refresh.lua.
+func refreshArgs(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	return len(args) > 1 && (args[1] == refreshScript.sha || args[1] == refreshScript.src)
+}
+
+// One failed keep-alive refresh does not end the lock: the next renewal
+// comes before the deadline, succeeds, and the lock's Context stays alive.
+func TestOneFailedRefreshIsRetried(t *testing.T) {
+	srv, _ := startRedis(t)
+	hook := &failOnce{name: "evalsha"}
+	var mu sync.Mutex
+	var outcomes []error
+	c := New(newRDB(t, srv.Addr, hook), &Config{OnRenew: func(err error) {
+		mu.Lock()
+		outcomes = append(outcomes, err)
+		mu.Unlock()
+	}})
+	const ttl, renew = 900 * time.Millisecond, 300 * time.Millisecond
+	l := mustAcquire(t, c, testKey(t), Options{TTL: ttl, Renew: renew})
+	// Three leases: a lock that the one failure ended would be gone by then.
+	if waitDone(t, l.Context(), 3*ttl) {
+		t.Fatalf("lock lost after one failed refresh: %v", context.Cause(l.Context()))
+	}
+	mu.Lock()
+	got := append([]error(nil), outcomes...)
+	mu.Unlock()
+	if !hook.failed.Load() || len(got) < 2 || got[0] == nil || !errors.Is(got[0], ErrUnavailable) {
+		t.Fatalf("refresh outcomes %v: want the injected failure first", got)
+	}
+	if got[1] != nil {
+		t.Fatalf("refresh outcomes %v: want the renewal after the failure to succeed", got)
+	}
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatalf("release after the retried refresh: %v", err)
+	}
+}
+
+// A script is not a transaction: for a user who may not run PEXPIRE, the
+// acquire must fail without leaving a lock that never expires.
+func TestNoLockWithoutTTL(t *testing.T) {
+	srv, admin := startRedis(t)
+	ctx := ctxT(t)
+	for _, rule := range [][]string{
+		{"-pexpire"},
+		{"-pexpire", "-hdel", "-del", "-unlink"},
+	} {
+		t.Run(strings.Join(rule, " "), func(t *testing.T) {
+			args := []any{"acl", "setuser", "locker", "reset", "on", ">pw", "~*", "&*", "+@all"}
+			for _, r := range rule {
+				args = append(args, r)
+			}
+			if err := admin.Do(ctx, args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "locker", Password: "pw", ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = rdb.Close() })
+			key := testKey(t)
+			_, err := New(rdb, nil).Acquire(ctx, key, Options{TTL: time.Minute})
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("Acquire without PEXPIRE = %v, want ErrUnavailable", err)
+			}
+			redistest.Eventually(t, 2*time.Second, "no lock key", func() bool {
+				return admin.Exists(ctx, key).Val() == 0
+			})
+		})
+	}
+}
+
+// ReleaseAsync returns at once on a hung Redis, ends the lock's Context, and
+// the release happens when Redis answers again.
+func TestReleaseAsyncDoesNotWait(t *testing.T) {
+	srv, rdb := startRedis(t)
+	c := New(newRDB(t, srv.Addr), &Config{ReleaseTimeout: 5 * time.Second})
+	key := testKey(t)
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute, Renew: NoRenew})
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	released := make(chan error, 1)
+	start := time.Now()
+	l.ReleaseAsync(context.Background(), func(err error) { released <- err })
+	if d := time.Since(start); d > 50*time.Millisecond {
+		t.Fatalf("ReleaseAsync took %v on a paused Redis", d)
+	}
+	if !errors.Is(context.Cause(l.Context()), ErrReleased) {
+		t.Fatalf("lock context cause %v, want ErrReleased", context.Cause(l.Context()))
+	}
+	time.Sleep(200 * time.Millisecond)
+	_ = srv.Resume()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("background release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("background release never ended")
+	}
+	if n := rdb.Exists(ctxT(t), key).Val(); n != 0 {
+		t.Fatal("lock still there after the background release")
+	}
+}
+
+// After the faults above, no goroutine of this package is left running.
+func TestNoGoroutineLeftAfterFaults(t *testing.T) {
+	srv, _ := startRedis(t)
+	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: 200 * time.Millisecond})
+	warm := mustAcquire(t, c, testKey(t)+"-warm", Options{TTL: time.Minute})
+	if err := warm.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	l := mustAcquire(t, c, testKey(t), Options{TTL: 2 * time.Second})
+	_ = srv.Pause()
+	for i := range 10 {
+		_, _ = c.Acquire(context.Background(), fmt.Sprintf("%s-%d", testKey(t), i), Options{TTL: time.Minute})
+	}
+	l.ReleaseAsync(context.Background(), nil)
+	_ = srv.Resume()
+	redistest.Eventually(t, 10*time.Second, "background work to end", func() bool { return len(c.bg) == 0 })
+	redistest.Eventually(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", before), func() bool {
+		return runtime.NumGoroutine() <= before
+	})
+}
