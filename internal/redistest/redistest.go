@@ -6,11 +6,13 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +31,12 @@ type Server struct {
 	dir  string
 	cmd  *exec.Cmd
 	args []string
+	// head goes before the common flags (Sentinel's config file and
+	// --sentinel); portArgs replaces "--port N" (TLS listens on --tls-port).
+	head     []string
+	portArgs []string
+	// pingTLS, when set, is how the readiness PING reaches a TLS-only server.
+	pingTLS *tls.Config
 }
 
 // Available reports whether redis-server is on PATH.
@@ -37,10 +45,11 @@ func Available() bool {
 	return err == nil
 }
 
-// Start starts a redis-server for tb on a free port and stops it when the test
-// ends. Without redis-server the test is skipped, or fails when
-// REDISLOCK_REQUIRE_REDIS=1 or CI=true.
-func Start(tb testing.TB, extraArgs ...string) *Server {
+// Require skips tb when redis-server is missing, or fails it when
+// REDISLOCK_REQUIRE_REDIS=1 or CI=true, so that a CI run never passes by
+// skipping everything. Start and the topology starters call it; call it
+// yourself before sharing a topology launched once per package.
+func Require(tb testing.TB) {
 	tb.Helper()
 	if !Available() {
 		msg := "redis-server not found on PATH: install it (apt-get install -y redis-server) or run `make test`, which does"
@@ -49,6 +58,14 @@ func Start(tb testing.TB, extraArgs ...string) *Server {
 		}
 		tb.Skip(msg)
 	}
+}
+
+// Start starts a redis-server for tb on a free port and stops it when the test
+// ends. Without redis-server the test is skipped, or fails when
+// REDISLOCK_REQUIRE_REDIS=1 or CI=true.
+func Start(tb testing.TB, extraArgs ...string) *Server {
+	tb.Helper()
+	Require(tb)
 	s, err := Launch(extraArgs...)
 	if err != nil {
 		tb.Fatal(err)
@@ -59,9 +76,31 @@ func Start(tb testing.TB, extraArgs ...string) *Server {
 
 // Launch starts a redis-server on a free port; the caller must Close it.
 func Launch(extraArgs ...string) (*Server, error) {
+	return launch(spec{args: extraArgs})
+}
+
+// spec says how to start one redis-server; Launch, the cluster, Sentinel and
+// TLS starters share it so that port retries and cleanup live in one place.
+type spec struct {
+	args []string
+	// pickPort returns a candidate port; nil means FreePort.
+	pickPort func() (int, error)
+	// head returns the arguments before the common flags; it may write files
+	// into the server's directory (Sentinel needs a writable config file).
+	head func(dir string, port int) ([]string, error)
+	// portArgs returns the listening flags; nil means "--port N".
+	portArgs func(port int) []string
+	pingTLS  *tls.Config
+}
+
+func launch(sp spec) (*Server, error) {
+	pick := sp.pickPort
+	if pick == nil {
+		pick = FreePort
+	}
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind: retry
-		port, err := FreePort()
+		port, err := pick()
 		if err != nil {
 			return nil, err
 		}
@@ -69,7 +108,16 @@ func Launch(extraArgs ...string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extraArgs}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: sp.args, pingTLS: sp.pingTLS}
+		if sp.head != nil {
+			if s.head, err = sp.head(dir, port); err != nil {
+				os.RemoveAll(dir)
+				return nil, err
+			}
+		}
+		if sp.portArgs != nil {
+			s.portArgs = sp.portArgs(port)
+		}
 		if err := s.start(); err != nil {
 			lastErr = err
 			os.RemoveAll(dir)
@@ -81,15 +129,26 @@ func Launch(extraArgs ...string) (*Server, error) {
 }
 
 func (s *Server) start() error {
-	args := []string{
-		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+	args := append([]string(nil), s.head...)
+	if s.portArgs != nil {
+		args = append(args, s.portArgs...)
+	} else {
+		args = append(args, "--port", strconv.Itoa(s.Port))
+	}
+	args = append(args,
+		"--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--daemonize", "no", "--loglevel", "warning",
-	}
+	)
 	args = append(args, s.args...)
 	cmd := exec.Command("redis-server", args...)
-	cmd.Stdout = nil
-	cmd.Stderr = nil
+	// The log goes to a file in the server's directory so that a failed start
+	// can say why (a taken port, a bad flag).
+	logPath := filepath.Join(s.dir, "redis.log")
+	if log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+		cmd.Stdout, cmd.Stderr = log, log
+		defer log.Close() // the child has its own copy after Start
+	}
 	// Own process group, so a test's SIGSTOP reaches only this server.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -97,14 +156,14 @@ func (s *Server) start() error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("redis-server exited at start: %v", err)
+			return fmt.Errorf("redis-server exited at start: %v%s", err, logTail(logPath))
 		default:
 		}
-		if ping(s.Addr) == nil {
+		if pingTLS(s.Addr, s.pingTLS) == nil {
 			s.cmd = cmd
 			go func() { <-exited }() // keep reaping
 			return nil
@@ -112,12 +171,35 @@ func (s *Server) start() error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_ = cmd.Process.Kill()
-	return errors.New("redis-server did not answer PING within 5s")
+	<-exited
+	return errors.New("redis-server did not answer PING within 10s" + logTail(logPath))
+}
+
+// logTail returns the last lines of a server log, for error messages.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return ": " + strings.Join(lines, " | ")
 }
 
 // ping sends a raw PING so this package needs no Redis client.
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+func ping(addr string) error { return pingTLS(addr, nil) }
+
+func pingTLS(addr string, conf *tls.Config) error {
+	var c net.Conn
+	var err error
+	d := &net.Dialer{Timeout: 200 * time.Millisecond}
+	if conf != nil {
+		c, err = (&tls.Dialer{NetDialer: d, Config: conf}).Dial("tcp", addr)
+	} else {
+		c, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return err
 	}
@@ -150,6 +232,10 @@ func (s *Server) signal(sig syscall.Signal) error {
 	return s.cmd.Process.Signal(sig)
 }
 
+// Running reports whether the process is up (started and not stopped); a
+// paused server counts as running.
+func (s *Server) Running() bool { return s.cmd != nil }
+
 // Stop kills the server; Restart brings it back on the same port, empty.
 func (s *Server) Stop() {
 	if s.cmd == nil {
@@ -158,13 +244,14 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Signal(syscall.SIGCONT)
 	_ = s.cmd.Process.Kill()
 	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && ping(s.Addr) == nil {
+	for time.Now().Before(deadline) && pingTLS(s.Addr, s.pingTLS) == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
 	s.cmd = nil
 }
 
-// Restart starts a stopped server again on the same address.
+// Restart starts a stopped server again on the same address, with the same
+// flags and directory (a cluster node finds its nodes.conf again).
 func (s *Server) Restart() error {
 	if s.cmd != nil {
 		return errors.New("redistest: server still running")

@@ -1,0 +1,26 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// eventually runs check until it returns nil, every interval, until ctx ends;
+// the error then names what was still wrong, not just "timeout".
+func eventually(ctx context.Context, what string, check func(ctx context.Context) error) error {
+	var last error
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
+		last = check(attempt)
+		cancel()
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redistest: %s: %w (last: %v)", what, ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
