@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -29,24 +30,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		repl = caddy.NewReplacer()
 	}
 	if !h.FencingHeaderOff {
-		r.Header.Del(h.FencingHeader) // only this handler may set it
+		stripFencing(r, h.FencingHeader) // only this handler may set it
 	}
 	// Early data can be replayed by an attacker: never take a lock on it.
 	if r.TLS != nil && !r.TLS.HandshakeComplete {
 		return h.reject(w, repl, resultTooEarly, problemTooEarly)
 	}
-	if h.usesJSON {
+	if h.inputs.repeated(r) {
+		return h.reject(w, repl, resultRejected, problemAmbiguousKey)
+	}
+	if len(h.inputs.jsonPaths) > 0 {
 		body, err := readJSONBody(r, h.MaxBody)
-		switch {
-		case errors.Is(err, errBodyTooLarge):
-			return h.reject(w, repl, resultRejected, problemBodyTooLarge)
-		case err != nil && r.Context().Err() != nil:
-			h.count(repl, resultCancelled)
-			return nil
-		case err != nil:
-			return h.reject(w, repl, resultRejected, problemInvalidJSON)
+		if err != nil {
+			return h.rejectBody(w, r, repl, err)
 		}
-		repl.Map(jsonProvider(body))
+		fields, err := jsonFields(body, h.inputs.jsonPaths)
+		if err != nil {
+			return h.reject(w, repl, resultRejected, problemAmbiguousKey)
+		}
+		repl.Map(fields)
 	}
 	scope, scopeMissing, err := h.scopeTmpl.expand(repl)
 	if err != nil {
@@ -71,6 +73,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		renew = lock.NoRenew
 	}
 	start := time.Now()
+	h.client.hold()
 	lk, err := h.locker.Acquire(r.Context(), rkey, lock.Options{
 		TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait),
 	})
@@ -78,6 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		metrics.wait.Observe(time.Since(start).Seconds())
 		return h.serveLocked(w, r, next, repl, lk)
 	}
+	h.client.done()
 	var notObtained *lock.NotObtainedError
 	switch {
 	case errors.As(err, &notObtained):
@@ -88,12 +92,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.count(repl, resultCancelled) // the client is gone: nobody to answer
 		return nil
 	case h.OnError == OnErrorFailOpen:
-		h.logger.Warn("redis unavailable: passing the request on unlocked (fail_open)",
+		h.unavailable.warn(h.logger, "redis unavailable: passing the request on unlocked (fail_open)",
 			zap.String("key", rkey), zap.Error(err))
 		h.count(repl, resultFailOpen)
 		return next.ServeHTTP(w, r)
 	default:
-		h.logger.Warn("redis unavailable: answering 503 (fail_closed)",
+		h.unavailable.warn(h.logger, "redis unavailable: answering 503 (fail_closed)",
 			zap.String("key", rkey), zap.Error(err))
 		return h.reject(w, repl, resultUnavailable, problemUnavailable)
 	}
@@ -105,16 +109,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
 	acquired := time.Now()
 	released := false
-	release := func() {
+	// release deletes the lock before the response completes, waiting on
+	// Redis for at most the client's timeout. A lost lock is released in
+	// the background: its answer is due now, at the local deadline.
+	release := func(lost bool) {
 		if released {
 			return
 		}
 		released = true
-		err := lk.Release(r.Context())
 		metrics.hold.Observe(time.Since(acquired).Seconds())
+		if lost {
+			lk.ReleaseAsync(r.Context(), func(err error) {
+				observeRelease(err)
+				h.client.done()
+			})
+			return
+		}
+		err := lk.Release(r.Context())
 		observeRelease(err)
+		h.client.done()
 		if err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			h.logger.Warn("releasing lock", zap.String("key", lk.Key()), zap.Error(err))
+			h.releaseWarn.warn(h.logger, "releasing lock", zap.String("key", lk.Key()), zap.Error(err))
 		}
 	}
 	hw := newHoldWriter(w)
@@ -124,7 +139,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 			// reverse_proxy panics with http.ErrAbortHandler when its
 			// upstream request is cancelled mid-body: a lost lock, too.
 			cause := context.Cause(lk.Context())
-			release()
+			release(errors.Is(cause, lock.ErrNotHeld))
 			hw.discard()
 			if !counted {
 				if errors.Is(cause, lock.ErrNotHeld) {
@@ -151,7 +166,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	nextErr := next.ServeHTTP(hw, req)
 
 	cause := context.Cause(lk.Context())
-	release()
+	release(errors.Is(cause, lock.ErrNotHeld))
 	if errors.Is(cause, lock.ErrNotHeld) {
 		h.lockLost(lk, cause)
 		if h.LostLock == LostLockAbort {
@@ -183,6 +198,27 @@ func (h *Handler) lockLost(lk *lock.Lock, cause error) {
 	h.logger.Warn("lock lost while the request was in flight",
 		zap.String("key", lk.Key()), zap.Int64("fencing_token", lk.Fence()),
 		zap.String("lost_lock", h.LostLock), zap.NamedError("cause", cause))
+}
+
+// rejectBody answers a request whose body could not be read for the key:
+// never with the 200 of an empty response.
+func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, err error) error {
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		return h.reject(w, repl, resultRejected, problemBodyTooLarge)
+	case errors.Is(err, errInvalidJSON):
+		return h.reject(w, repl, resultRejected, problemInvalidJSON)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The server's read timeout: the client may still be there.
+		return h.reject(w, repl, resultRejected, problemBodyTimeout)
+	case r.Context().Err() != nil:
+		// The client went away: nobody to answer. 499 is what
+		// reverse_proxy logs in this case too.
+		h.count(repl, resultCancelled)
+		return caddyhttp.Error(499, err)
+	default:
+		return h.reject(w, repl, resultRejected, problemBodyUnreadable)
+	}
 }
 
 // reject answers with p and records result.

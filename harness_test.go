@@ -47,7 +47,8 @@ type caddySite struct {
 
 // siteOptions are the parts of a test Caddyfile around the site body.
 type siteOptions struct {
-	admin bool // serve the admin API (for /metrics) on a free port
+	admin  bool   // serve the admin API (for /metrics) on a free port
+	global string // more global options, such as servers { timeouts { ... } }
 }
 
 // startCaddySite loads a Caddyfile with one site; body is the inside of the
@@ -74,12 +75,13 @@ func startCaddySite(t *testing.T, body string, opt siteOptions) *caddySite {
 	log {
 		level WARN
 	}
+%s
 }
 
 http://127.0.0.1:%d {
 %s
 }
-`, admin, storage, port, body)
+`, admin, storage, opt.global, port, body)
 
 	caddyMu.Lock()
 	t.Cleanup(func() {
@@ -313,6 +315,7 @@ type seen struct {
 	Key     string   // Idempotency-Key header, or X-Test-Key
 	Fencing []string // Fencing-Token values
 	Header  http.Header
+	Trailer http.Header // after the body was read
 	Body    []byte
 	At      time.Time
 	Ctx     context.Context
@@ -345,7 +348,7 @@ func (rec *recorder) serve(w http.ResponseWriter, r *http.Request) {
 		key = r.Header.Get("X-Test-Key")
 	}
 	s := seen{Path: r.URL.Path, Key: key, Fencing: r.Header.Values("Fencing-Token"),
-		Header: r.Header.Clone(), Body: body, At: time.Now(), Ctx: r.Context()}
+		Header: r.Header.Clone(), Trailer: r.Trailer.Clone(), Body: body, At: time.Now(), Ctx: r.Context()}
 	rec.mu.Lock()
 	rec.reqs = append(rec.reqs, s)
 	rec.inflight[key]++

@@ -23,9 +23,9 @@ func TestJSONField(t *testing.T) {
 	}
 	tests := map[string]string{
 		"order_id":        "o-1",
-		"amount":          "10.50", // literal text, not 10.5
-		"big":             "12345678901234567890",
-		"exp":             "1e3",
+		"amount":          "10.5", // by value
+		"big":             "1.2345678901234567e+19",
+		"exp":             "1000",
 		"paid":            "true",
 		"none":            "",
 		"empty":           "",
@@ -41,8 +41,8 @@ func TestJSONField(t *testing.T) {
 		"obj":             `{"a":[1,2],"b":1}`,
 	}
 	for path, want := range tests {
-		if got := jsonField(v, path); got != want {
-			t.Errorf("jsonField(%q) = %q, want %q", path, got, want)
+		if got, err := jsonField(v, path); got != want || err != nil {
+			t.Errorf("jsonField(%q) = %q, %v; want %q", path, got, err, want)
 		}
 	}
 }
@@ -92,5 +92,63 @@ func TestReadJSONBodyMaxBytesError(t *testing.T) {
 	req.Body = http.MaxBytesReader(httptest.NewRecorder(), req.Body, 4)
 	if _, err := readJSONBody(req, 1024); !errors.Is(err, errBodyTooLarge) {
 		t.Fatalf("err = %v, want errBodyTooLarge", err)
+	}
+}
+
+// Numbers are compared by value, as a backend reading them as doubles
+// would: every spelling of one value gives one key.
+func TestJSONNumbersByValue(t *testing.T) {
+	for _, group := range [][]string{
+		{"1000", "1e3", "1000.0", "1E+3", "10000e-1", "1000.000000000000000001"},
+		{"0", "-0", "0.0", "0e10"},
+		{"-12.5", "-1.25e1", "-125e-1"},
+		{"9007199254740993", "9007199254740992"}, // one double
+	} {
+		var first string
+		for i, lit := range group {
+			v, err := parseJSON([]byte(`{"id":` + lit + `}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := jsonField(v, "id")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				first = got
+			} else if got != first {
+				t.Errorf("%s reads as %q, %s as %q: want one key", group[0], first, lit, got)
+			}
+		}
+	}
+}
+
+// A key field named twice, or in another letter case, is ambiguous: Go's
+// encoding/json matches names case-insensitively and keeps the last one.
+func TestJSONAmbiguousNames(t *testing.T) {
+	tests := []struct {
+		body, path string
+		ambiguous  bool
+	}{
+		{`{"order_id":"zz","ORDER_ID":"q"}`, "order_id", true},
+		{`{"order_id":"zz","order_id":"q"}`, "order_id", true},
+		{`{"ORDER_ID":"q"}`, "order_id", true},
+		{`{"order_\u0069d":"a","order_id":"b"}`, "order_id", true},
+		{`{"\u212aey":"a"}`, "key", true}, // the Kelvin sign folds to k
+		{`{"c":{"id":1,"ID":2}}`, "c.id", true},
+		{`{"c":{"id":1,"ID":2}}`, "c", true}, // a whole object as the key
+		{`{"order_id":"a","other":1,"other":2}`, "order_id", false},
+		{`{"items":[{"sku":"a","SKU":"b"}]}`, "items.0.sku", true},
+		{`{"items":[{"sku":"a"},{"sku":"b","SKU":"c"}]}`, "items.0.sku", false},
+	}
+	for _, tt := range tests {
+		v, err := parseJSON([]byte(tt.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		_, err = jsonField(v, tt.path)
+		if got := errors.Is(err, errAmbiguousJSON); got != tt.ambiguous {
+			t.Errorf("%s at %s: ambiguous = %v (%v), want %v", tt.body, tt.path, got, err, tt.ambiguous)
+		}
 	}
 }

@@ -135,12 +135,15 @@ type Handler struct {
 	// duplicates. Not supported yet: configuring it is an error.
 	Idempotency *IdempotencyConfig `json:"idempotency,omitempty"`
 
-	locker    lock.Locker
-	poolKey   string
-	logger    *zap.Logger
-	keyTmpl   template
-	scopeTmpl template
-	usesJSON  bool
+	locker      lock.Locker
+	client      *pooledClient
+	poolKey     string
+	logger      *zap.Logger
+	keyTmpl     template
+	scopeTmpl   template
+	inputs      keyInputs // what the key and scope read from a request
+	unavailable *rateLimitedWarn
+	releaseWarn *rateLimitedWarn
 }
 
 // IdempotencyConfig configures storing and replaying finished responses.
@@ -170,10 +173,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // It never contacts Redis, so `caddy validate` works while Redis is down.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.unavailable, h.releaseWarn = new(rateLimitedWarn), new(rateLimitedWarn)
 	h.applyDefaults()
 	h.keyTmpl = parseTemplate(h.Key)
 	h.scopeTmpl = parseTemplate(h.Scope)
-	h.usesJSON = h.keyTmpl.usesJSON || h.scopeTmpl.usesJSON
+	h.inputs = h.keyTmpl.inputs.merge(h.scopeTmpl.inputs)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
@@ -182,12 +186,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
-	rdb, key, err := acquireClient(rc)
+	client, key, err := acquireClient(rc)
 	if err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
-	h.poolKey = key
-	h.locker = lock.New(rdb, &lock.Config{OnRenew: observeRenew, FenceKey: lock.FenceCounterKey(h.Prefix)})
+	h.client, h.poolKey = client, key
+	h.locker = lock.New(client.UniversalClient, &lock.Config{
+		OnRenew:  observeRenew,
+		FenceKey: lock.FenceCounterKey(h.Prefix),
+		// One attempt and at most one retry, pool wait and dial included;
+		// a release holds the end of a response for at most one.
+		CallTimeout:    2 * time.Duration(rc.Timeout),
+		ReleaseTimeout: time.Duration(rc.Timeout),
+	})
 	h.logger.Debug("redis_lock provisioned",
 		zap.Object("redis", rc), zap.Duration("ttl", time.Duration(h.TTL)))
 	return nil

@@ -29,6 +29,12 @@ var (
 		detail: "The request does not carry the value this endpoint is keyed by."}
 	problemInvalidJSON = problem{slug: "invalid-json", status: http.StatusBadRequest, title: "Invalid JSON body",
 		detail: "The request body must be a JSON document."}
+	problemAmbiguousKey = problem{slug: "ambiguous-key", status: http.StatusBadRequest, title: "Ambiguous request key",
+		detail: "The value this endpoint is keyed by appears more than once in the request, or in another letter case."}
+	problemBodyTimeout = problem{slug: "body-timeout", status: http.StatusRequestTimeout, title: "Request body timeout",
+		detail: "The request body did not arrive in time."}
+	problemBodyUnreadable = problem{slug: "body-unreadable", status: http.StatusBadRequest, title: "Unreadable request body",
+		detail: "The request body could not be read."}
 	problemBodyTooLarge = problem{slug: "body-too-large", status: http.StatusRequestEntityTooLarge, title: "Request body too large",
 		detail: "The request body is larger than this endpoint reads to find its key."}
 	problemUnavailable = problem{slug: "unavailable", status: http.StatusServiceUnavailable, title: "Service unavailable",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -75,16 +76,24 @@ func newClient(c *RedisConfig) (redis.UniversalClient, error) {
 	})
 	// Concurrent requests' lock commands share write and read system calls
 	// through go-redis's automatic pipelining, which costs Redis much less
-	// CPU per request than one round trip per command (bench/README.md). A
-	// queued command is bounded by Timeout rather than its context's
-	// deadline; the lock's own lease timer does not depend on either.
-	ap, err := rdb.AutoPipeline()
+	// CPU per request than one round trip per command (bench/README.md).
+	// The deferred face, because a command queued in a pipeline is sent
+	// whatever its context says: the lock library waits on each command's
+	// future and gives up at its own deadline (lock.Config.CallTimeout).
+	opt := redis.DefaultBlockingAutoPipelineOptions()
+	// A Redis that stops answering must not queue commands without end:
+	// past this many, a request gets 503 at once.
+	opt.MaxQueuedCommands = maxQueuedCommands
+	ap, err := rdb.AsyncAutoPipelineWithOptions(opt)
 	if err != nil {
 		rdb.Close()
 		return nil, err
 	}
 	return pipelinedClient{ap, rdb}, nil
 }
+
+// maxQueuedCommands bounds the commands waiting in a client's pipeline.
+const maxQueuedCommands = 10000
 
 // pipelinedClient is the autopipeliner with a Close that closes the client
 // underneath too (closing the autopipeliner alone leaves it open).
@@ -93,7 +102,9 @@ type pipelinedClient struct {
 	base *redis.Client
 }
 
-func (p pipelinedClient) Close() error { return p.base.Close() }
+func (p pipelinedClient) Close() error {
+	return errors.Join(p.AutoPipeliner.Close(), p.base.Close())
+}
 
 // goRedisLogger sends go-redis's own messages (dial failures, ...) to Caddy's
 // log instead of stderr. They are debug-level: the handler already warns
@@ -111,14 +122,51 @@ var setGoRedisLogger sync.Once
 // clients shares Redis clients between handlers and config reloads.
 var clients = caddy.NewUsagePool()
 
-type pooledClient struct{ redis.UniversalClient }
+// pooledClient is a client shared through clients. A config reload that
+// changes the Redis settings retires it (Destruct), but requests of the old
+// config may still hold locks taken through it: it stays open until the
+// last of them is released.
+type pooledClient struct {
+	redis.UniversalClient
+	mu       sync.Mutex
+	inFlight int  // requests between hold and done
+	retired  bool // Destruct was called
+}
 
-// Destruct closes the client when its last user is cleaned up.
-func (p pooledClient) Destruct() error { return p.Close() }
+// hold marks a request that may take a lock through p; done must follow.
+func (p *pooledClient) hold() {
+	p.mu.Lock()
+	p.inFlight++
+	p.mu.Unlock()
+}
+
+// done ends a hold, closing a retired client after its last request.
+func (p *pooledClient) done() {
+	p.mu.Lock()
+	p.inFlight--
+	last := p.retired && p.inFlight == 0
+	p.mu.Unlock()
+	if last {
+		_ = p.Close()
+	}
+}
+
+// Destruct closes the client when its last user is cleaned up, or, while
+// requests still hold it, when the last of them is done.
+func (p *pooledClient) Destruct() error {
+	p.mu.Lock()
+	p.retired = true
+	idle := p.inFlight == 0
+	p.mu.Unlock()
+	if idle {
+		return p.Close()
+	}
+	return nil
+}
 
 // acquireClient returns the shared client for c and its pool key; every call
 // must be matched by releaseClient(key).
-func acquireClient(c *RedisConfig) (redis.UniversalClient, string, error) {
+func acquireClient(c *RedisConfig) (*pooledClient, string, error) {
 	setGoRedisLogger.Do(func() { redis.SetLogger(goRedisLogger{caddy.Log().Named("redis_lock.go-redis")}) })
 	key := c.poolKey()
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -126,12 +174,12 @@ func acquireClient(c *RedisConfig) (redis.UniversalClient, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		return pooledClient{rdb}, nil
+		return &pooledClient{UniversalClient: rdb}, nil
 	})
 	if err != nil {
 		return nil, "", err
 	}
-	return v.(pooledClient).UniversalClient, key, nil
+	return v.(*pooledClient), key, nil
 }
 
 func releaseClient(key string) error {

@@ -36,7 +36,7 @@ func TestClientPool(t *testing.T) {
 	if !loaded {
 		t.Fatal("no pooled client for the handlers' key")
 	}
-	rdb := shared.(pooledClient).UniversalClient
+	rdb := shared.(*pooledClient).UniversalClient
 	a.Cleanup()
 	if err := rdb.Ping(context.Background()).Err(); err != nil && err.Error() == "redis: client is closed" {
 		t.Fatal("client closed while another handler still uses it")

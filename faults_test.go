@@ -1,0 +1,480 @@
+package redislock
+
+// Faults and hostile input, through Caddy, against real redis-server
+// processes: what the client gets and when. These tests are not parallel, so
+// that the goroutine count they compare belongs to them alone (parallel
+// tests wait until every sequential one has finished).
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+)
+
+// redisTimeout is the redis timeout of these tests' sites: a client's answer
+// may wait on Redis for at most twice that (one attempt and one retry).
+const redisTimeout = 300 * time.Millisecond
+
+// slack is what the answer may take beyond its bound on a busy 2-core VM.
+const slack = 250 * time.Millisecond
+
+// faultSite is /pay* keyed by Idempotency-Key, with short Redis timeouts.
+func faultSite(redisAddr, backend, extra string) string {
+	return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s {
+			timeout %s
+			dial_timeout %s
+		}
+%s
+	}
+	reverse_proxy %s {
+		transport http {
+			keepalive off
+		}
+	}`, redisAddr, redisTimeout, redisTimeout, extra, backend)
+}
+
+// goroutineBaseline is the goroutine count once s is idle; checkBaseline
+// waits until the count is back to it. The sites proxy without keep-alive,
+// so that idle upstream connections do not count.
+func goroutineBaseline(s *caddySite) int {
+	s.client.CloseIdleConnections()
+	time.Sleep(100 * time.Millisecond)
+	return runtime.NumGoroutine()
+}
+
+func checkBaseline(t *testing.T, s *caddySite, base int) {
+	t.Helper()
+	var n int
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		s.client.CloseIdleConnections()
+		if n = runtime.NumGoroutine(); n <= base {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after the fault, baseline %d:\n%s", n, base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// timedRequests sends n concurrent requests with distinct keys and returns
+// each response and how long it took.
+func timedRequests(s *caddySite, n int, key string) ([]*response, []time.Duration, []error) {
+	resps, took, errs := make([]*response, n), make([]time.Duration, n), make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			resps[i], errs[i] = s.send(context.Background(), "POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("%s-%d", key, i))
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	return resps, took, errs
+}
+
+// expectBoundedUnavailable checks that every request got 503 within the
+// bound of twice the Redis timeout.
+func expectBoundedUnavailable(t *testing.T, resps []*response, took []time.Duration, errs []error) {
+	t.Helper()
+	bound := 2*redisTimeout + slack
+	var worst time.Duration
+	for i := range resps {
+		if errs[i] != nil {
+			t.Errorf("request %d: %v", i, errs[i])
+			continue
+		}
+		expectProblem(t, resps[i], http.StatusServiceUnavailable)
+		worst = max(worst, took[i])
+		if took[i] > bound {
+			t.Errorf("request %d answered after %v, want at most %v (timeout %v x 2)", i, took[i], bound, redisTimeout)
+		}
+	}
+	t.Logf("%d requests: slowest 503 after %v", len(resps), worst)
+}
+
+// A Redis that accepts connections and never answers: alone and with 50 at
+// once, every request gets 503 within twice the timeout.
+func TestBlackHoleRedisAnswersInTime(t *testing.T) {
+	hole := redistest.StartBlackHole(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, faultSite(hole.Addr, be.hostPort(), ""), siteOptions{})
+	base := goroutineBaseline(s)
+	for _, n := range []int{1, 50} {
+		resps, took, errs := timedRequests(s, n, fmt.Sprintf("hole-%d", n))
+		expectBoundedUnavailable(t, resps, took, errs)
+	}
+	if be.count() != 0 {
+		t.Fatalf("backend reached %d times with Redis not answering", be.count())
+	}
+	checkBaseline(t, s, base)
+}
+
+// A paused Redis (SIGSTOP, as a hung server or a partition): every request
+// during the pause gets 503 within twice the timeout, not when Redis comes
+// back, and Redis serves again after it.
+func TestPausedRedisAnswersInTime(t *testing.T) {
+	srv, _ := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), ""), siteOptions{})
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
+		t.Fatalf("warm-up: %s", r)
+	}
+	base := goroutineBaseline(s)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = srv.Resume()
+		}
+	})
+	pausedAt := time.Now()
+	resps, took, errs := timedRequests(s, 50, "paused")
+	expectBoundedUnavailable(t, resps, took, errs)
+	if d := time.Since(pausedAt); d > 2*time.Second {
+		t.Errorf("50 requests took %v in all during the pause", d)
+	}
+	_ = srv.Resume()
+	resumed = true
+	redistest.Eventually(t, 10*time.Second, "a lock after Redis resumed", func() bool {
+		r, err := s.send(context.Background(), "POST", "/pay", `{}`, "Idempotency-Key", "after")
+		return err == nil && r.Status == 200
+	})
+	checkBaseline(t, s, base)
+}
+
+// A lock lost while Redis is paused is answered at the local lease
+// deadline: 503, within a few tens of ms of it, long before Redis resumes.
+func TestLostLockAnsweredAtDeadline(t *testing.T) {
+	srv, _ := newRedis(t)
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		if s.Key == "lost" {
+			<-r.Context().Done() // until the handler cancels it
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	const ttl = time.Second
+	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), "\t\tttl 1s"), siteOptions{})
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
+		t.Fatalf("warm-up: %s", r)
+	}
+	be.waitEntered(t, 5*time.Second)
+	base := goroutineBaseline(s)
+
+	type result struct {
+		r   *response
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	sent := time.Now()
+	go func() {
+		r, err := s.send(context.Background(), "POST", "/pay", `{}`, "Idempotency-Key", "lost")
+		done <- result{r, err, time.Now()}
+	}()
+	be.waitEntered(t, 5*time.Second)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(4 * time.Second):
+		t.Fatal("no answer to the request that lost its lock while Redis was paused")
+	}
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	expectProblem(t, res.r, http.StatusServiceUnavailable)
+	// The lease was taken after sent; the answer is due at its deadline.
+	if d := res.at.Sub(sent); d > ttl+100*time.Millisecond {
+		t.Errorf("lost lock answered %v after the request was sent, want at the %v lease deadline", d, ttl)
+	} else {
+		t.Logf("lost lock answered %v after the request was sent (lease %v)", d, ttl)
+	}
+	_ = srv.Resume()
+	checkBaseline(t, s, base)
+}
+
+// A release on a Redis that stopped answering holds the end of the response
+// for at most the timeout.
+func TestReleaseHoldsResponseAtMostTimeout(t *testing.T) {
+	srv, _ := newRedis(t)
+	wrote := make(chan time.Time, 1)
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, _ seen) {
+		if r.URL.Path == "/pay/pause" {
+			_ = srv.Pause()
+			wrote <- time.Now()
+		}
+		io.WriteString(w, "charged")
+	})
+	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), "\t\tttl 3s"), siteOptions{})
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
+		t.Fatalf("warm-up: %s", r)
+	}
+	defer srv.Resume()
+	r := s.do("POST", "/pay/pause", `{}`, "Idempotency-Key", "release")
+	end := time.Now()
+	_ = srv.Resume()
+	if r.Status != 200 || r.Body != "charged" {
+		t.Fatalf("response: %s", r)
+	}
+	if d := end.Sub(<-wrote); d > redisTimeout+slack {
+		t.Errorf("the response ended %v after the backend answered, want at most the %v timeout", d, redisTimeout)
+	} else {
+		t.Logf("response end held %v by the release on a paused Redis", d)
+	}
+}
+
+// A config reload that changes a Redis setting retires the old client, but
+// not under the requests in flight: their locks stay held (renewed) until
+// they end, duplicates still get 409, and their releases work.
+func TestReloadKeepsLocksInFlight(t *testing.T) {
+	srv, rdb := newRedis(t)
+	g := newGate()
+	t.Cleanup(g.open)
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		if strings.HasPrefix(s.Key, "inflight-") {
+			select {
+			case <-g.ch:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		io.WriteString(w, "ok")
+	})
+	site := func(timeout string) string {
+		return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		ttl 1s
+		redis %s {
+			timeout %s
+		}
+	}
+	reverse_proxy %s {
+		transport http {
+			keepalive off
+		}
+	}`, srv.Addr, timeout, be.hostPort())
+	}
+	s := startCaddySite(t, site("1s"), siteOptions{})
+	base := goroutineBaseline(s)
+
+	const n = 5
+	resps := make(chan *response, n)
+	for i := range n {
+		go func() {
+			r, err := s.send(context.Background(), "POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("inflight-%d", i))
+			if err != nil {
+				t.Error(err)
+			}
+			resps <- r
+		}()
+	}
+	for range n {
+		be.waitEntered(t, 10*time.Second)
+	}
+	s.caddyfile = strings.Replace(s.caddyfile, site("1s"), site("900ms"), 1)
+	s.reload()
+	// Three leases later every lock is still held through the old client.
+	time.Sleep(3 * time.Second)
+	for i := range n {
+		r := s.do("POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("inflight-%d", i))
+		if r.Status != http.StatusConflict {
+			t.Errorf("duplicate of in-flight request %d after the reload: %d, want 409", i, r.Status)
+		}
+	}
+	g.open()
+	for range n {
+		if r := <-resps; r == nil || r.Status != 200 {
+			t.Errorf("in-flight request after the reload: %v", r)
+		}
+	}
+	// Released, not expired: gone well within the 1s lease.
+	redistest.Eventually(t, 500*time.Millisecond, "locks released after the reload", func() bool {
+		return len(lockKeys(t, rdb, DefaultPrefix)) == 0
+	})
+	executions := 0
+	for _, r := range be.requests() {
+		if strings.HasPrefix(r.Key, "inflight-") {
+			executions++
+		}
+	}
+	if be.overlaps != 0 || executions != n {
+		t.Fatalf("backend executions %d, overlaps %d; want %d and none", executions, be.overlaps, n)
+	}
+	// Back to the first settings: the retired client has been closed, so
+	// the process is back to one client's goroutines.
+	s.caddyfile = strings.Replace(s.caddyfile, site("900ms"), site("1s"), 1)
+	s.reload()
+	checkBaseline(t, s, base)
+}
+
+// A request whose body stalls until the server's read timeout gets 408,
+// never the 200 of an empty response.
+func TestStalledBodyIsNot200(t *testing.T) {
+	srv, _ := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /orders* order:{http.redis_lock.json.order_id} {
+		redis %s
+	}
+	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{global: `	servers {
+		timeouts {
+			read_body 500ms
+		}
+	}`})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"order_id\":")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no response to a stalled body: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	expectProblem(t, &response{Status: resp.StatusCode, Header: resp.Header, Body: string(body)}, http.StatusRequestTimeout)
+	t.Logf("stalled body answered %d after %v", resp.StatusCode, time.Since(start))
+	if be.count() != 0 {
+		t.Fatal("a request with a stalled body reached the backend")
+	}
+}
+
+// A value the key reads must mean one thing: a repeated header, an
+// ambiguous JSON field or two spellings of one number cannot lock apart
+// what the backend reads as one order.
+func TestKeyIsUnambiguous(t *testing.T) {
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+	}
+	redis_lock /orders* order:{http.redis_lock.json.order_id} {
+		redis %[1]s
+	}
+	reverse_proxy %[2]s`, srv.Addr, be.hostPort()), siteOptions{})
+
+	t.Run("repeated header", func(t *testing.T) {
+		expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", "K", "Idempotency-Key", "zzz"), http.StatusBadRequest)
+	})
+	for _, body := range []string{
+		`{"order_id":"zz","ORDER_ID":"q"}`,
+		`{"order_id":"zz","order_id":"q"}`,
+		`{"Order_Id":"q"}`,
+	} {
+		t.Run("json "+body, func(t *testing.T) {
+			expectProblem(t, s.do("POST", "/orders", body), http.StatusBadRequest)
+		})
+	}
+	if be.count() != 0 {
+		t.Fatalf("ambiguous keys reached the backend %d times", be.count())
+	}
+	t.Run("numbers by value", func(t *testing.T) {
+		holdLock(t, rdb, defaultKey("order:1000"), 5*time.Second)
+		for _, n := range []string{"1000", "1e3", "1000.0", "10000e-1"} {
+			r := s.do("POST", "/orders", `{"order_id":`+n+`}`)
+			expectProblem(t, r, http.StatusConflict)
+		}
+	})
+}
+
+// A client-sent fencing token never reaches the backend, not even as a
+// chunked trailer.
+func TestFencingTrailerStripped(t *testing.T) {
+	srv, _ := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), ""), siteOptions{})
+	for _, declared := range []bool{true, false} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		trailerHdr := ""
+		if declared {
+			trailerHdr = "Trailer: Fencing-Token\r\n"
+		}
+		fmt.Fprintf(conn, "POST /pay HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: trailer-%v\r\nTransfer-Encoding: chunked\r\n%s\r\n"+
+			"2\r\n{}\r\n0\r\nFencing-Token: 99999999999999999\r\nX-Other: kept\r\n\r\n", declared, trailerHdr)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		conn.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("chunked request with trailers: %v %v", resp, err)
+		}
+		reqs := be.requests()
+		got := reqs[len(reqs)-1]
+		if v := got.Trailer.Values("Fencing-Token"); len(v) != 0 {
+			t.Errorf("declared=%v: the client's Fencing-Token reached the backend as a trailer: %q", declared, v)
+		}
+		if len(got.Fencing) != 1 || got.Fencing[0] == "99999999999999999" {
+			t.Errorf("declared=%v: Fencing-Token header upstream %q, want the handler's own", declared, got.Fencing)
+		}
+	}
+}
+
+// A pooled connection that Redis dropped (CLIENT KILL) is retried once:
+// the request still gets its lock.
+func TestDroppedConnectionRetried(t *testing.T) {
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), ""), siteOptions{})
+	for i := range 5 {
+		if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("pooled-%d", i)); r.Status != 200 {
+			t.Fatalf("warm-up: %s", r)
+		}
+		// Every connection but this test's own, as a Redis restart or an
+		// idle timeout would.
+		n, err := rdb.ClientKillByFilter(context.Background(), "TYPE", "normal", "SKIPME", "yes").Result()
+		if err != nil || n == 0 {
+			t.Fatalf("CLIENT KILL: %d, %v", n, err)
+		}
+		if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("after-kill-%d", i)); r.Status != 200 {
+			t.Fatalf("after CLIENT KILL %d: %s, want 200 (one retry on a new connection)", i, r)
+		}
+	}
+}
+
+// A user who may not run PEXPIRE gets 503, and no lock key without a TTL is
+// left behind.
+func TestNoLockWithoutTTLThroughCaddy(t *testing.T) {
+	srv, rdb := newRedis(t)
+	ctx := context.Background()
+	if err := rdb.Do(ctx, "acl", "setuser", "caddy", "on", ">pw", "~*", "&*", "+@all", "-pexpire", "-hdel").Err(); err != nil {
+		t.Fatal(err)
+	}
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s {
+			username caddy
+			password pw
+		}
+	}
+	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{})
+	expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", "no-ttl"), http.StatusServiceUnavailable)
+	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
+		t.Fatalf("lock keys left behind: %v", keys)
+	}
+	if be.count() != 0 {
+		t.Fatal("backend reached without a lock")
+	}
+}

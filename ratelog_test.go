@@ -1,0 +1,55 @@
+package redislock
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// A wrong password fails every request. The 503s go on, but the log gets
+// one warning per second, the next one counting those left out.
+func TestUnavailableWarningsAreRateLimited(t *testing.T) {
+	srv, rdb := newRedis(t)
+	if err := rdb.Do(t.Context(), "acl", "setuser", "caddy", "on", ">right", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h := unitHandler(t, srv.Addr, func(h *Handler) {
+		h.Redis.Username, h.Redis.Password = "caddy", "wrong"
+	})
+	core, logs := observer.New(zap.WarnLevel)
+	h.logger = zap.New(core)
+	serve := func() int {
+		rec := httptest.NewRecorder()
+		r, _ := unitRequest("POST", "k", "")
+		if err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			t.Fatal(err)
+		}
+		return rec.Code
+	}
+	const n = 200
+	for i := range n {
+		if code := serve(); code != http.StatusServiceUnavailable {
+			t.Fatalf("request %d with a wrong password: %d, want 503", i, code)
+		}
+	}
+	if got := logs.Len(); got != 1 {
+		t.Fatalf("%d warnings for %d failed requests, want 1", got, n)
+	}
+	// The interval has passed (here without sleeping through it).
+	h.unavailable.mu.Lock()
+	h.unavailable.next = time.Now()
+	h.unavailable.mu.Unlock()
+	serve()
+	entries := logs.All()
+	if len(entries) != 2 {
+		t.Fatalf("%d warnings after the interval, want 2", len(entries))
+	}
+	if got := entries[1].ContextMap()["suppressed"]; got != int64(n-1) {
+		t.Fatalf("second warning suppressed = %v, want %d", got, n-1)
+	}
+}
