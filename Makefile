@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 GOFILES  = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
 
-.PHONY: test redis fmt-check vet bench loadtest demo caddy
+.PHONY: test redis fmt-check vet bench loadtest demo caddy fuzz
 
 # redis makes sure redis-server is installed: tests start their own on free ports.
 redis:
@@ -30,6 +30,16 @@ vet:
 # test: gofmt, go vet, staticcheck, then every test, with the race detector, against real redis-server processes.
 test: redis fmt-check vet
 	REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 20m ./...
+
+# fuzz: each fuzz target for FUZZTIME (the committed corpora in testdata/fuzz
+# run with every `make test`); a crash is written to testdata/fuzz and fails.
+FUZZTIME ?= 30s
+FUZZ_TARGETS = FuzzCaddyfile FuzzJSONKey
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "fuzzing $$t for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) . || exit 1; \
+	done
 
 # bench: this library beside bsm/redislock, redsync, rueidislock and a raw floor.
 bench: redis
