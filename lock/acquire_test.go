@@ -271,7 +271,7 @@ func TestFenceStrictlyIncreases(t *testing.T) {
 	// The counter is lost (FLUSHALL, a failover that missed it): the next
 	// token, from the Redis clock, is still larger.
 	for i := range 5 {
-		if err := rdb.Del(ctx, c.cfg.FenceKey).Err(); err != nil {
+		if err := rdb.Del(ctx, c.Backend().(*Redis).FenceKey()).Err(); err != nil {
 			t.Fatal(err)
 		}
 		cycle("after DEL " + strconv.Itoa(i))
@@ -293,7 +293,7 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	c := New(rdb, nil)
 	key := testKey(t)
 	const ahead = 9_000_000_000_000_000 // year 2255 in µs
-	fk := c.cfg.FenceKey
+	fk := c.Backend().(*Redis).FenceKey()
 	// With a TTL, as if someone had set one: the counter must not keep it.
 	if err := rdb.Set(ctx, fk, ahead, time.Minute).Err(); err != nil {
 		t.Fatal(err)
@@ -356,28 +356,29 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 	c := New(rdb, nil)
 	key := testKey(t)
 	token := uuid.NewString()
-	f1, _, ok, err := c.acquireOnce(ctx, key, token, time.Minute)
-	if err != nil || !ok {
-		t.Fatalf("first acquire: ok=%v err=%v", ok, err)
+	r := c.Backend().(*Redis)
+	f1, err := r.TryAcquire(ctx, key, token, time.Minute)
+	if err != nil {
+		t.Fatalf("first acquire: %v", err)
 	}
-	f2, _, ok, err := c.acquireOnce(ctx, key, token, time.Minute)
-	if err != nil || !ok {
-		t.Fatalf("retried acquire: ok=%v err=%v", ok, err)
+	f2, err := r.TryAcquire(ctx, key, token, time.Minute)
+	if err != nil {
+		t.Fatalf("retried acquire: %v", err)
 	}
 	if f2 != f1 {
 		t.Fatalf("retried acquire got fence %d, first %d: a second token was issued", f2, f1)
 	}
-	if n, _ := rdb.Get(ctx, c.cfg.FenceKey).Int64(); n != f1 {
+	if n, _ := rdb.Get(ctx, c.Backend().(*Redis).FenceKey()).Int64(); n != f1 {
 		t.Fatalf("counter = %d after retry, want %d", n, f1)
 	}
 	// Another token is still refused.
-	if _, _, ok, err := c.acquireOnce(ctx, key, uuid.NewString(), time.Minute); ok || err != nil {
-		t.Fatalf("other token: ok=%v err=%v", ok, err)
+	if _, err := r.TryAcquire(ctx, key, uuid.NewString(), time.Minute); !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("other token: %v, want ErrNotObtained", err)
 	}
 	// The retry refreshed the lease.
 	rdb.PExpire(ctx, key, 5*time.Second)
-	if _, _, ok, _ := c.acquireOnce(ctx, key, token, time.Minute); !ok {
-		t.Fatal("third retry failed")
+	if _, err := r.TryAcquire(ctx, key, token, time.Minute); err != nil {
+		t.Fatalf("third retry: %v", err)
 	}
 	if pttl := rdb.PTTL(ctx, key).Val(); pttl < 50*time.Second {
 		t.Fatalf("retry did not reset the lease: PTTL %v", pttl)
@@ -388,7 +389,7 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 func TestAcquireScriptFileRetry(t *testing.T) {
 	_, rdb := startRedis(t)
 	ctx := ctxT(t)
-	src := readScript(t, "acquire.lua")
+	src := readScript(t, "take.lua") + readScript(t, "acquire.lua")
 	key := testKey(t)
 	keys := []string{key, FenceCounterKey("test:")}
 	// run returns the fencing token (a string reply) or the PTTL (an

@@ -5,9 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,9 +24,7 @@ const (
 // local deadline.
 const NoRenew time.Duration = -1
 
-// Locker acquires locks. Client implements it on one Redis deployment; a
-// Redlock implementation over several independent masters can sit behind the
-// same interface.
+// Locker acquires locks. Client implements it over any Backend.
 type Locker interface {
 	Acquire(ctx context.Context, key string, opt Options) (*Lock, error)
 }
@@ -44,9 +42,9 @@ type Options struct {
 
 // Config for a Client.
 type Config struct {
-	// FenceKey is the fencing counter: the last fencing token issued, one
-	// key for all locks of this client, with no TTL. Default:
-	// FenceCounterKey(DefaultPrefix), "redis_lock:fence".
+	// FenceKey is the fencing counter of the Redis backend that New makes:
+	// the last fencing token issued, one key for all its locks, with no
+	// TTL. Default: FenceCounterKey(DefaultPrefix), "redis_lock:fence".
 	FenceKey string
 	// CallTimeout bounds each acquire attempt and each refresh: waiting in
 	// a pipeline queue, for a pooled connection, dialling and any retry
@@ -70,30 +68,30 @@ type Config struct {
 // DefaultMaxBackground is Config.MaxBackground's default.
 const DefaultMaxBackground = 64
 
-// Client takes locks on one Redis deployment.
+// Client takes locks on a Backend: it waits for them, bounds each call, and
+// cleans up after calls whose reply did not come.
 type Client struct {
-	rdb   redis.UniversalClient
-	async submitter // rdb as a deferred autopipeliner, else nil
-	cfg   Config
-	bg    chan struct{} // background work running
+	b   Backend
+	cfg Config
+	bg  chan struct{} // background work running
 }
 
-// New returns a Client. For context deadlines to bound each call, create rdb
-// with ContextTimeoutEnabled. A deferred autopipeliner (AsyncAutoPipeline)
-// shares round trips between concurrent callers, and each call still gives
-// up waiting at its deadline. go-redis may retry a command after a network
-// error; every command here is idempotent for its own token, so a retry
-// never applies twice.
+// New returns a Client on one Redis deployment (NewRedis). go-redis may
+// retry a command after a network error; every command here is idempotent
+// for its own token, so a retry never applies twice.
 func New(rdb redis.UniversalClient, cfg *Config) *Client {
-	c := &Client{rdb: rdb}
+	var fenceKey string
+	if cfg != nil {
+		fenceKey = cfg.FenceKey
+	}
+	return NewWithBackend(NewRedis(rdb, fenceKey), cfg)
+}
+
+// NewWithBackend returns a Client on b.
+func NewWithBackend(b Backend, cfg *Config) *Client {
+	c := &Client{b: b}
 	if cfg != nil {
 		c.cfg = *cfg
-	}
-	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
-		c.async = s
-	}
-	if c.cfg.FenceKey == "" {
-		c.cfg.FenceKey = FenceCounterKey(DefaultPrefix)
 	}
 	if c.cfg.ReleaseTimeout <= 0 {
 		c.cfg.ReleaseTimeout = c.cfg.CallTimeout
@@ -104,6 +102,9 @@ func New(rdb redis.UniversalClient, cfg *Config) *Client {
 	c.bg = make(chan struct{}, c.cfg.MaxBackground)
 	return c
 }
+
+// Backend is the backend the Client takes its locks on.
+func (c *Client) Backend() Backend { return c.b }
 
 // Key builds the Redis key for a lock: prefix + "{" + hex(sha256(scope + NUL +
 // name)) + "}". Hashing keeps client data out of Redis key names and keys
@@ -129,6 +130,15 @@ func FenceCounterKey(prefix string) string { return prefix + "fence" }
 // cancelled when the lock is released or lost. On contention it returns a
 // *NotObtainedError (errors.Is ErrNotObtained) once opt.Wait has passed.
 func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, error) {
+	return c.AcquireWith(ctx, c.b, key, opt)
+}
+
+// AcquireWith is Acquire on b, a backend made for this one call (one that
+// does more in the same script, say), with the Client's timeouts and
+// limits. The lock refreshes and releases through b. An error of b's own
+// (not ErrUnavailable, not a *NotObtainedError) ends a wait and is
+// returned as it is.
+func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Options) (*Lock, error) {
 	ttl := opt.TTL
 	if ttl <= 0 {
 		ttl = DefaultTTL
@@ -150,21 +160,28 @@ func (c *Client) Acquire(ctx context.Context, key string, opt Options) (*Lock, e
 			return nil, err
 		}
 		sent := time.Now()
-		fence, remaining, ok, err := c.acquireOnce(ctx, key, token, ttl)
-		if err != nil {
-			// The script may have run (or still run: a queued command is
-			// sent even after its caller gave up) and only the reply be
-			// lost: free what may be ours so a duplicate is not blocked
-			// for a lease.
-			c.background(ctx, func(ctx context.Context) { _ = c.releaseToken(ctx, key, token) })
+		cctx, cancel := c.callContext(ctx)
+		fence, err := b.TryAcquire(cctx, key, token, ttl)
+		cancel()
+		if err == nil {
+			return newLock(ctx, c, b, key, token, fence, ttl, renew, sent), nil
+		}
+		var notObtained *NotObtainedError
+		if !errors.As(err, &notObtained) {
+			err = c.reclassify(ctx, err)
+			if errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+				// The script may have run (or still run: a queued
+				// command is sent even after its caller gave up) and
+				// only the reply be lost: free what may be ours so a
+				// duplicate is not blocked for a lease.
+				c.background(ctx, func(ctx context.Context) { _ = c.release(ctx, b, key, token) })
+			}
 			return nil, err
 		}
-		if ok {
-			return newLock(ctx, c, key, token, fence, ttl, renew, sent), nil
-		}
+		remaining := notObtained.Remaining
 		now := time.Now()
 		if waitUntil.IsZero() || !now.Before(waitUntil) {
-			return nil, &NotObtainedError{Remaining: remaining}
+			return nil, notObtained
 		}
 		// Full jitter on an exponential step, never past the wait or the
 		// holder's lease. All state is local to this call.
@@ -201,52 +218,36 @@ const (
 	maxBackoff = 256 * time.Millisecond
 )
 
-// acquireOnce runs the acquire script: the lock and its fencing token, or the
-// holder's remaining lease.
-func (c *Client) acquireOnce(ctx context.Context, key, token string, ttl time.Duration) (fence int64, remaining time.Duration, ok bool, err error) {
-	cctx, cancel := c.callContext(ctx)
-	defer cancel()
-	cmd, err := c.runScript(cctx, acquireScript, []string{key, c.cfg.FenceKey}, token, ttl.Milliseconds())
-	if err != nil {
-		return 0, 0, false, classify(ctx, err)
+// callContext bounds one call to the backend by CallTimeout, when set.
+func (c *Client) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.CallTimeout > 0 {
+		return context.WithTimeout(ctx, c.cfg.CallTimeout)
 	}
-	res := cmd.Val()
-	switch v := res.(type) {
-	case string: // ours: the fencing token
-		if fence, perr := strconv.ParseInt(v, 10, 64); perr == nil {
-			return fence, 0, true, nil
-		}
-	case int64: // held by another: its PTTL (negative: no TTL, or just gone)
-		if v > 0 {
-			remaining = time.Duration(v) * time.Millisecond
-		}
-		return 0, remaining, false, nil
-	}
-	return 0, 0, false, classify(ctx, fmt.Errorf("unexpected reply from acquire script: %T %v", res, res))
+	return ctx, func() {}
 }
 
-// refresh extends key's lease to ttl if it still holds token.
-func (c *Client) refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	cctx, cancel := c.callContext(ctx)
-	defer cancel()
-	cmd, err := c.runScript(cctx, refreshScript, []string{key}, token, ttl.Milliseconds())
-	if err != nil {
-		return classify(ctx, err)
+// reclassify makes an error of a call that ended on its own deadline (not
+// the caller's context) ErrUnavailable: Redis did not answer in time.
+func (c *Client) reclassify(ctx context.Context, err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
 	}
-	n, err := cmd.Int64()
-	if err != nil {
-		return classify(ctx, err)
+	if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
+	return err
 }
 
-// releaseToken deletes key if it still holds token, on a context detached from
-// the caller's cancellation, bounded by ReleaseTimeout or the client's
-// timeouts.
-func (c *Client) releaseToken(ctx context.Context, key, token string) error {
+// refresh extends key's lease on b, bounded by CallTimeout.
+func (c *Client) refresh(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
+	cctx, cancel := c.callContext(ctx)
+	defer cancel()
+	return c.reclassify(ctx, b.Refresh(cctx, key, token, ttl))
+}
+
+// release deletes key on b if it still holds token, on a context detached
+// from the caller's cancellation, bounded by ReleaseTimeout.
+func (c *Client) release(ctx context.Context, b Backend, key, token string) error {
 	detached := context.WithoutCancel(ctx)
 	rctx := detached
 	if c.cfg.ReleaseTimeout > 0 {
@@ -254,20 +255,25 @@ func (c *Client) releaseToken(ctx context.Context, key, token string) error {
 		rctx, cancel = context.WithTimeout(detached, c.cfg.ReleaseTimeout)
 		defer cancel()
 	}
-	// The lock is a hash whose one field is the holder's token: HDEL
-	// deletes it only if the token is ours, and Redis deletes the key with
-	// its last field. No script, so no script cache to miss either.
-	cmd := redis.NewIntCmd(rctx, "hdel", key, token)
-	err := c.process(rctx, cmd)
-	if err != nil {
-		// The caller's context cannot end a release; the release's own
-		// timeout passing means Redis did not answer: ErrUnavailable.
-		return classify(detached, err)
+	// The caller's context cannot end a release; the release's own
+	// timeout passing means Redis did not answer: ErrUnavailable.
+	return c.reclassify(detached, b.Release(rctx, key, token))
+}
+
+// background runs f on a context detached from ctx's cancellation, unless
+// MaxBackground calls are already running: then f is dropped, as the lease
+// ends what it would have cleaned up. It reports whether f runs.
+func (c *Client) background(ctx context.Context, f func(context.Context)) bool {
+	select {
+	case c.bg <- struct{}{}:
+	default:
+		return false
 	}
-	if cmd.Val() != 1 {
-		return ErrNotHeld
-	}
-	return nil
+	go func() {
+		defer func() { <-c.bg }()
+		f(context.WithoutCancel(ctx))
+	}()
+	return true
 }
 
 var _ Locker = (*Client)(nil)

@@ -40,7 +40,7 @@ func TestCallTimeoutBoundsQueuedCalls(t *testing.T) {
 	srv, _ := startRedis(t)
 	const callTimeout = 600 * time.Millisecond
 	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: callTimeout})
-	if c.async == nil {
+	if c.Backend().(*Redis).async == nil {
 		t.Fatal("the deferred autopipeliner was not recognised")
 	}
 	held := mustAcquire(t, c, testKey(t)+"-held", Options{TTL: time.Minute, Renew: NoRenew})

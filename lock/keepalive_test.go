@@ -59,9 +59,9 @@ func TestKeepAliveDetectsLostLock(t *testing.T) {
 		name  string
 		steal func(ctx context.Context, c *Client, key string) error
 	}{
-		{"DEL", func(ctx context.Context, c *Client, key string) error { return c.rdb.Del(ctx, key).Err() }},
+		{"DEL", func(ctx context.Context, c *Client, key string) error { return c.Backend().(*Redis).rdb.Del(ctx, key).Err() }},
 		{"overwrite", func(ctx context.Context, c *Client, key string) error {
-			_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			_, err := c.Backend().(*Redis).rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Del(ctx, key)
 				p.HSet(ctx, key, "thief", "1")
 				return nil
@@ -213,7 +213,7 @@ func TestLockWithPassedDeadline(t *testing.T) {
 		if i%2 == 1 {
 			renew = time.Millisecond
 		}
-		l := newLock(context.Background(), c, "k", "t", 1, 10*time.Millisecond, renew, time.Now().Add(-time.Second))
+		l := newLock(context.Background(), c, c.Backend(), "k", "t", 1, 10*time.Millisecond, renew, time.Now().Add(-time.Second))
 		if !waitDone(t, l.Context(), 5*time.Second) {
 			t.Fatal("lock with a passed deadline is live")
 		}

@@ -11,6 +11,7 @@ import (
 // Lock is a held lock. Its Context ends when the lock is released or lost.
 type Lock struct {
 	c      *Client
+	b      Backend // where it lives: refresh and release go there
 	key    string
 	token  string
 	fence  int64
@@ -31,9 +32,9 @@ type Lock struct {
 // process and Redis and for the time the reply takes to arrive.
 func leaseMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-func newLock(parent context.Context, c *Client, key, token string, fence int64, ttl, renew time.Duration, sent time.Time) *Lock {
+func newLock(parent context.Context, c *Client, b Backend, key, token string, fence int64, ttl, renew time.Duration, sent time.Time) *Lock {
 	ctx, cancel := context.WithCancelCause(parent)
-	l := &Lock{c: c, key: key, token: token, fence: fence, ttl: ttl, renew: renew, ctx: ctx, cancel: cancel, lease: ttl}
+	l := &Lock{c: c, b: b, key: key, token: token, fence: fence, ttl: ttl, renew: renew, ctx: ctx, cancel: cancel, lease: ttl}
 	l.deadline = sent.Add(ttl - leaseMargin(ttl))
 	// One timer per lock: it fires at the first renewal, or at the deadline
 	// when not renewing, so a request shorter than that costs no goroutine.
@@ -87,7 +88,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	sent := time.Now()
-	if err := l.c.refresh(ctx, l.key, l.token, ttl); err != nil {
+	if err := l.c.refresh(ctx, l.b, l.key, l.token, ttl); err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			l.lose(ErrNotHeld)
 		}
@@ -123,7 +124,7 @@ func (l *Lock) setLease(sent time.Time, ttl time.Duration) {
 // that has expired or been taken over reports ErrNotHeld and is left alone.
 func (l *Lock) Release(ctx context.Context) error {
 	l.stop()
-	return l.c.releaseToken(ctx, l.key, l.token)
+	return l.c.release(ctx, l.b, l.key, l.token)
 }
 
 // ReleaseAsync stops the keep-alive and ends the lock's Context at once, and
@@ -135,7 +136,7 @@ func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
 	l.cancel(ErrReleased)
 	started := l.c.background(ctx, func(ctx context.Context) {
 		l.stop()
-		err := l.c.releaseToken(ctx, l.key, l.token)
+		err := l.c.release(ctx, l.b, l.key, l.token)
 		if done != nil {
 			done(err)
 		}
@@ -185,7 +186,7 @@ func (l *Lock) tick() {
 	lease := time.AfterFunc(time.Until(deadline), l.expire)
 	rctx, cancel := context.WithDeadline(l.ctx, deadline)
 	sent := time.Now()
-	err := l.c.refresh(rctx, l.key, l.token, ttl)
+	err := l.c.refresh(rctx, l.b, l.key, l.token, ttl)
 	cancel()
 	lease.Stop()
 	if l.c.cfg.OnRenew != nil && l.ctx.Err() == nil {

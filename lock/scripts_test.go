@@ -23,20 +23,22 @@ func readScript(t testing.TB, name string) string {
 
 func TestScriptsAreTheEmbeddedFiles(t *testing.T) {
 	for _, tc := range []struct {
-		file   string
-		src    string
-		script script
+		files  []string
+		script Script
 	}{
-		{"acquire.lua", acquireSrc, acquireScript},
-		{"refresh.lua", refreshSrc, refreshScript},
+		{[]string{"take.lua", "acquire.lua"}, acquireScript},
+		{[]string{"refresh.lua"}, refreshScript},
 	} {
-		file := readScript(t, tc.file)
-		if file == "" || tc.src != file {
-			t.Errorf("%s: embedded source differs from the file", tc.file)
+		var file string
+		for _, f := range tc.files {
+			file += readScript(t, f)
+		}
+		if file == "" || tc.script.src != file {
+			t.Errorf("%v: embedded source differs from the files", tc.files)
 		}
 		sum := sha1.Sum([]byte(file))
 		if tc.script.sha != hex.EncodeToString(sum[:]) {
-			t.Errorf("%s: script hash %s is not the file's SHA1", tc.file, tc.script.sha)
+			t.Errorf("%v: script hash %s is not the source's SHA1", tc.files, tc.script.sha)
 		}
 	}
 	// Refresh is PEXPIRE on a string key, never HEXPIRE (hash fields).
@@ -72,7 +74,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 	}
 
 	// Open the connection first: its handshake commands are not the subject.
-	if err := c.rdb.Ping(ctx).Err(); err != nil {
+	if err := c.Backend().(*Redis).rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	flush()

@@ -1,0 +1,137 @@
+package lock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is the Backend of one Redis deployment, through any go-redis client:
+// a standalone server, a Sentinel-managed primary, a Cluster. The lock is a
+// hash whose one field is the holder's token (its value the fencing token),
+// so that release is the native HDEL; acquire and refresh are Lua scripts.
+type Redis struct {
+	rdb      redis.UniversalClient
+	async    submitter // rdb as a deferred autopipeliner, else nil
+	fenceKey string
+}
+
+// NewRedis returns the Backend of rdb, whose fencing counter is fenceKey
+// (default FenceCounterKey(DefaultPrefix)). For context deadlines to bound
+// each call, create rdb with ContextTimeoutEnabled. A deferred autopipeliner
+// (AsyncAutoPipeline) shares round trips between concurrent callers, and
+// each call still gives up waiting at its deadline.
+func NewRedis(rdb redis.UniversalClient, fenceKey string) *Redis {
+	r := &Redis{rdb: rdb, fenceKey: fenceKey}
+	if r.fenceKey == "" {
+		r.fenceKey = FenceCounterKey(DefaultPrefix)
+	}
+	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
+		r.async = s
+	}
+	return r
+}
+
+// FenceKey is the fencing counter.
+func (r *Redis) FenceKey() string { return r.fenceKey }
+
+// TryAcquire runs the acquire script: the lock and its fencing token, or the
+// holder's remaining lease.
+func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
+	cmd, err := r.Run(ctx, acquireScript, []string{key, r.fenceKey}, token, ttl.Milliseconds())
+	if err != nil {
+		return 0, classify(ctx, err)
+	}
+	return ParseGrant(ctx, cmd.Val())
+}
+
+// ParseGrant reads the reply of a script that takes a lock as acquire.lua
+// does: the fencing token as a decimal string when the lock is ours, the
+// holder's PTTL as an integer when it is not (a *NotObtainedError).
+func ParseGrant(ctx context.Context, reply any) (int64, error) {
+	switch v := reply.(type) {
+	case string:
+		if fence, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return fence, nil
+		}
+	case int64: // negative: no TTL, or just gone
+		return 0, &NotObtainedError{Remaining: max(time.Duration(v), 0) * time.Millisecond}
+	}
+	return 0, classify(ctx, fmt.Errorf("unexpected reply from a lock script: %T %v", reply, reply))
+}
+
+// Refresh extends key's lease to ttl if it still holds token.
+func (r *Redis) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
+	cmd, err := r.Run(ctx, refreshScript, []string{key}, token, ttl.Milliseconds())
+	if err != nil {
+		return classify(ctx, err)
+	}
+	n, err := cmd.Int64()
+	if err != nil {
+		return classify(ctx, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// Release deletes key if it still holds token: HDEL deletes only our own
+// field, and Redis deletes the key with its last field. No script, so no
+// script cache to miss either.
+func (r *Redis) Release(ctx context.Context, key, token string) error {
+	cmd := redis.NewIntCmd(ctx, "hdel", key, token)
+	if err := r.Process(ctx, cmd); err != nil {
+		return classify(ctx, err)
+	}
+	if cmd.Val() != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// submitter is go-redis's deferred autopipeliner (AsyncAutoPipeline). A
+// command queued there is sent when its batch's turn comes whatever its
+// context says, so a call waits on its future and gives up at its own
+// deadline; the blocking face would wait for the batch however long it
+// takes.
+type submitter interface {
+	Submit(ctx context.Context, cmd redis.Cmder) redis.AutoFuture
+	IsBlocking() bool
+}
+
+// Process runs cmd and waits for its reply at most until ctx ends. After a
+// context error cmd must not be read: its batch may still complete it.
+func (r *Redis) Process(ctx context.Context, cmd redis.Cmder) error {
+	if r.async != nil {
+		return r.async.Submit(ctx, cmd).WaitContext(ctx)
+	}
+	return r.rdb.Process(ctx, cmd)
+}
+
+// Run runs s with EVALSHA, and once more with EVAL when Redis does not have
+// it cached (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH). Errors
+// are go-redis's, not classified.
+func (r *Redis) Run(ctx context.Context, s Script, keys []string, args ...any) (*redis.Cmd, error) {
+	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
+	err := r.Process(ctx, cmd)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
+		err = r.Process(ctx, cmd)
+	}
+	return cmd, err
+}
+
+func evalArgs(verb, script string, keys []string, args []any) []any {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, verb, script, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	return append(a, args...)
+}
+
+var _ Backend = (*Redis)(nil)

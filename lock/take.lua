@@ -1,0 +1,45 @@
+-- Shared by the scripts that take a lock (acquire.lua here, and the scripts
+-- of other packages that take one in the same step as their own work): the
+-- script's source starts with this file.
+
+-- issue_fence returns the next fencing token of the counter: the server clock
+-- in microseconds, or one more than the last token issued when that is not
+-- below it (same microsecond, clock set back). Tokens strictly increase per
+-- counter, and stay decimal strings, compared exactly, never Lua floats.
+-- SET GET stores the token and reads the last one in one command.
+local function issue_fence(counter)
+	local t = redis.call('TIME')
+	local fence = t[1] .. string.format('%06d', tonumber(t[2]))
+	local last = redis.call('SET', counter, fence, 'GET')
+	-- A counter that is not a plain decimal (written by hand) is ignored:
+	-- it is overwritten by the clock's token instead of failing every
+	-- acquire at INCR. The pattern runs only on this rare path.
+	if last and (#last > #fence or (#last == #fence and last >= fence)) and
+		#last <= 19 and last:match('^[1-9]%d*$') then
+		redis.call('SET', counter, last)
+		redis.call('INCR', counter)
+		fence = redis.call('GET', counter)
+	end
+	return fence
+end
+
+-- take writes the lock (a hash whose one field is the holder's token, with
+-- the fencing token as its value, so that release is a native HDEL) with its
+-- lease, and returns the fencing token, or an error reply having written
+-- nothing that outlives its lease. A script is not a transaction: a command
+-- that failed after HSET (an ACL user without PEXPIRE) would leave a lock with
+-- no TTL, held for ever. So check first (Redis 7+), and undo should PEXPIRE
+-- fail anyway.
+local function take(lock, token, ttl, counter)
+	if redis.acl_check_cmd and not redis.acl_check_cmd('PEXPIRE', lock, ttl) then
+		return redis.error_reply('NOPERM this user may not run PEXPIRE on the lock key')
+	end
+	local fence = issue_fence(counter)
+	redis.call('HSET', lock, token, fence)
+	local ok = redis.pcall('PEXPIRE', lock, ttl)
+	if type(ok) == 'table' and ok.err then
+		redis.pcall('DEL', lock)
+		return ok
+	end
+	return fence
+end
