@@ -34,11 +34,12 @@ test: redis fmt-check vet
 # fuzz: each fuzz target for FUZZTIME (the committed corpora in testdata/fuzz
 # run with every `make test`); a crash is written to testdata/fuzz and fails.
 FUZZTIME ?= 30s
-FUZZ_TARGETS = FuzzCaddyfile FuzzJSONKey
+FUZZ_TARGETS = .:FuzzCaddyfile .:FuzzJSONKey ./record:FuzzDecode
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
-	  echo "fuzzing $$t for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) . || exit 1; \
+	  pkg=$${t%%:*}; name=$${t#*:}; \
+	  echo "fuzzing $$name in $$pkg for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
 
 # bench: this library beside bsm/redislock, redsync, rueidislock and a raw floor.

@@ -248,16 +248,22 @@ func (c *Client) refresh(ctx context.Context, b Backend, key, token string, ttl 
 // release deletes key on b if it still holds token, on a context detached
 // from the caller's cancellation, bounded by ReleaseTimeout.
 func (c *Client) release(ctx context.Context, b Backend, key, token string) error {
-	detached := context.WithoutCancel(ctx)
-	rctx := detached
-	if c.cfg.ReleaseTimeout > 0 {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(detached, c.cfg.ReleaseTimeout)
-		defer cancel()
-	}
+	rctx, cancel := c.ReleaseContext(ctx)
+	defer cancel()
 	// The caller's context cannot end a release; the release's own
 	// timeout passing means Redis did not answer: ErrUnavailable.
-	return c.reclassify(detached, b.Release(rctx, key, token))
+	return c.reclassify(context.WithoutCancel(ctx), b.Release(rctx, key, token))
+}
+
+// ReleaseContext is the context a release runs on: detached from ctx's
+// cancellation (the caller may be gone), bounded by ReleaseTimeout. For a
+// caller whose own script releases the lock (package record).
+func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	detached := context.WithoutCancel(ctx)
+	if c.cfg.ReleaseTimeout > 0 {
+		return context.WithTimeout(detached, c.cfg.ReleaseTimeout)
+	}
+	return detached, func() {}
 }
 
 // background runs f on a context detached from ctx's cancellation, unless

@@ -59,7 +59,9 @@ func TestKeepAliveDetectsLostLock(t *testing.T) {
 		name  string
 		steal func(ctx context.Context, c *Client, key string) error
 	}{
-		{"DEL", func(ctx context.Context, c *Client, key string) error { return c.Backend().(*Redis).rdb.Del(ctx, key).Err() }},
+		{"DEL", func(ctx context.Context, c *Client, key string) error {
+			return c.Backend().(*Redis).rdb.Del(ctx, key).Err()
+		}},
 		{"overwrite", func(ctx context.Context, c *Client, key string) error {
 			_, err := c.Backend().(*Redis).rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Del(ctx, key)

@@ -149,6 +149,12 @@ func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
 	}
 }
 
+// Stop ends the keep-alive and the lock's Context (cause ErrReleased), and
+// waits for a refresh in flight, without a call to Redis: for a caller whose
+// own script deletes the lock, such as one that stores the request's outcome
+// in the same step (package record).
+func (l *Lock) Stop() { l.stop() }
+
 // stop ends the keep-alive and the lock's Context, and waits for a refresh
 // in flight (it ends with the context).
 func (l *Lock) stop() {

@@ -1,0 +1,284 @@
+package record
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// fp is the fingerprint of s.
+func fp(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func newStore(t *testing.T) (*Store, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := NewStore(lock.New(rdb, &lock.Config{CallTimeout: 5 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, rdb
+}
+
+func ctxT(t *testing.T) context.Context { return redistest.Context(t, 20*time.Second) }
+
+var okResponse = &Response{Outcome: Replayable, Status: 201,
+	Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+	Body:   []byte(`{"id":"ch_1","amount":1299}`)}
+
+func TestBeginCompleteReplay(t *testing.T) {
+	s, rdb := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "k1")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lk.Fence() <= 0 {
+		t.Fatalf("fence %d", lk.Fence())
+	}
+	// In progress: the record holds the fingerprint and the owner, with
+	// the lock's lease.
+	if v := rdb.Get(ctx, Key(key)).Val(); v != "P"+fp("a")+lk.Token() {
+		t.Fatalf("in-progress record %q", v)
+	}
+	if p := rdb.PTTL(ctx, Key(key)).Val(); p <= 9*time.Second || p > 10*time.Second {
+		t.Fatalf("in-progress record PTTL %v, want the 10s lease", p)
+	}
+	// A duplicate waits its turn, another request under the key is refused.
+	_, err = s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	var ne *lock.NotObtainedError
+	if !errors.As(err, &ne) || ne.Remaining <= 9*time.Second {
+		t.Fatalf("duplicate in progress: %v, want NotObtained with the remaining lease", err)
+	}
+	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
+	}
+
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(lk.Context()), lock.ErrReleased) {
+		t.Fatalf("lock context after Complete: %v", context.Cause(lk.Context()))
+	}
+	if rdb.Exists(ctx, key).Val() != 0 {
+		t.Fatal("lock still held after Complete")
+	}
+	if p := rdb.PTTL(ctx, Key(key)).Val(); p <= 59*time.Minute {
+		t.Fatalf("completed record PTTL %v, want the 1h retention", p)
+	}
+	_, err = s.Begin(ctx, key, fp("a"), lock.Options{})
+	var done *CompletedError
+	if !errors.As(err, &done) || !reflect.DeepEqual(done.Response, okResponse) {
+		t.Fatalf("after completion: %v, want the stored response %+v", err, okResponse)
+	}
+	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("other fingerprint after completion: %v, want ErrMismatch", err)
+	}
+}
+
+// A waiting duplicate gets the stored response as soon as the first request
+// completes.
+func TestBeginWaitEndsWithCompletion(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "wait")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = s.Complete(context.Background(), lk, fp("a"), okResponse, time.Minute)
+	}()
+	start := time.Now()
+	_, err = s.Begin(ctx, key, fp("a"), lock.Options{Wait: 5 * time.Second})
+	var done *CompletedError
+	if !errors.As(err, &done) || done.Response.Status != 201 {
+		t.Fatalf("waiting duplicate: %v, want the stored response", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("waited %v for a completion after 300ms", d)
+	}
+}
+
+// Abandon deletes the in-progress record with the lock: a retry runs.
+func TestAbandonLetsRetryRun(t *testing.T) {
+	s, rdb := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "abandon")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Abandon(ctx, lk); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
+		t.Fatalf("%d keys left after Abandon", n)
+	}
+	lk2, err := s.Begin(ctx, key, fp("b"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("retry after Abandon: %v", err)
+	}
+	if lk2.Fence() <= lk.Fence() {
+		t.Fatalf("fence %d after %d", lk2.Fence(), lk.Fence())
+	}
+	_ = lk2.Release(ctx)
+}
+
+// The keep-alive renews the record with the lock: a request longer than its
+// lease still answers 422 to another fingerprint, and completes.
+func TestRefreshKeepsRecord(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "long")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := context.Cause(lk.Context()); err != nil {
+		t.Fatalf("lock lost: %v", err)
+	}
+	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("other fingerprint after two leases: %v, want ErrMismatch", err)
+	}
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder whose lease ran out stores its outcome only while nobody else
+// took the key: never over a later holder's record.
+func TestCompleteAfterLeaseLoss(t *testing.T) {
+	s, rdb := newStore(t)
+	ctx := ctxT(t)
+	noRenew := lock.Options{TTL: 200 * time.Millisecond, Renew: lock.NoRenew}
+
+	key := lock.Key("test:", "", "lost-alone")
+	lk, err := s.Begin(ctx, key, fp("a"), noRenew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key, Key(key)).Val() == 0 })
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+		t.Fatalf("late completion with the key free: %v, want stored", err)
+	}
+	var done *CompletedError
+	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+		t.Fatalf("after a late completion: %v", err)
+	}
+
+	key = lock.Key("test:", "", "lost-taken")
+	old, err := s.Begin(ctx, key, fp("a"), noRenew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
+	newer, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, old, fp("a"), &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
+		t.Fatalf("late completion over a newer holder: %v, want ErrNotStored", err)
+	}
+	if v := rdb.Get(ctx, Key(key)).Val(); v != "P"+fp("a")+newer.Token() {
+		t.Fatalf("newer holder's record overwritten: %q", v)
+	}
+	if err := context.Cause(newer.Context()); err != nil {
+		t.Fatalf("newer holder lost its lock: %v", err)
+	}
+	_ = newer.Release(ctx)
+}
+
+// A begin retried with its own token (the first reply was lost) gets the
+// same fencing token, not a second one.
+func TestBeginRetryIsIdempotent(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "retry")
+	b := &begin{s: s, fingerprint: fp("a")}
+	f1, err := b.TryAcquire(ctx, key, "token-1", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := b.TryAcquire(ctx, key, "token-1", time.Minute)
+	if err != nil || f2 != f1 {
+		t.Fatalf("retried begin: %d, %v; want %d", f2, err, f1)
+	}
+	if _, err := b.TryAcquire(ctx, key, "token-2", time.Minute); !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("another token: %v, want NotObtained", err)
+	}
+}
+
+// Begin of a user who may not run PEXPIRE writes nothing that outlives a
+// lease (take.lua checks first).
+func TestBeginLeavesNothingWithoutTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	ctx := ctxT(t)
+	if err := admin.Do(ctx, "acl", "setuser", "caddy", "on", ">pw", "~*", "&*", "+@all", "-pexpire").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "caddy", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, _ := NewStore(lock.New(rdb, nil))
+	key := lock.Key("test:", "", "acl")
+	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.Is(err, lock.ErrUnavailable) {
+		t.Fatalf("Begin without PEXPIRE: %v, want ErrUnavailable", err)
+	}
+	if n := admin.Exists(ctx, key, Key(key)).Val(); n != 0 {
+		t.Fatalf("%d keys left behind", n)
+	}
+}
+
+func TestResponseEncoding(t *testing.T) {
+	for _, r := range []*Response{
+		okResponse,
+		{Outcome: NotReplayable, Status: 200, Header: http.Header{}},
+		{Outcome: Unknown, Status: 502, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{}`)},
+		{Outcome: Replayable, Status: 204, Header: http.Header{"X-Empty": {""}}, Body: []byte{}},
+		{Outcome: Replayable, Status: 200, Header: http.Header{}, Body: []byte(strings.Repeat("\x00\xff", 1<<16))},
+	} {
+		b := encode(fp("x"), r)
+		gotFP, got, err := decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Body) == 0 && len(r.Body) == 0 {
+			got.Body = r.Body
+		}
+		if gotFP != fp("x") || !reflect.DeepEqual(got, r) {
+			t.Errorf("round trip of %+v: %+v", r, got)
+		}
+	}
+}
+
+// FuzzDecode: a corrupt stored record is an error, never a panic.
+func FuzzDecode(f *testing.F) {
+	f.Add(encode(fp("x"), okResponse))
+	f.Add([]byte("C" + fp("x") + "\x01R\x00\xc8\xff\xff\xff\xff\x0f"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, r, err := decode(b)
+		if err == nil && (r == nil || r.Header == nil) {
+			t.Fatal("decoded without error into nothing")
+		}
+	})
+}
