@@ -164,7 +164,15 @@ func TestValidate(t *testing.T) {
 		{"negative max_body", func(h *Handler) { h.MaxBody = -1 }, "max_body must be positive"},
 		{"bad enum", func(h *Handler) { h.OnError = "maybe" }, `on_error must be fail_closed or fail_open, got "maybe"`},
 		{"bad header", func(h *Handler) { h.FencingHeader = "Fencing Token" }, "not a valid header name"},
-		{"idempotency", func(h *Handler) { h.Idempotency = &IdempotencyConfig{} }, "idempotency is not supported yet"},
+		{"idempotency", func(h *Handler) { h.Idempotency = &IdempotencyConfig{}; h.Idempotency.applyDefaults() }, ""},
+		{"idempotency retention", func(h *Handler) { h.Idempotency = &IdempotencyConfig{Retention: -1, MaxResponse: 1} }, "retention must be positive"},
+		{"idempotency max_response", func(h *Handler) { h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: -1} }, "max_response must be positive"},
+		{"idempotency part", func(h *Handler) {
+			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, Fingerprint: []string{"cookie"}}
+		}, `unknown fingerprint part "cookie"`},
+		{"idempotency header", func(h *Handler) {
+			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, FingerprintHeaders: []string{"Bad Name"}}
+		}, "not a valid header name"},
 		{"cluster", func(h *Handler) { h.Redis.Mode = ModeCluster }, `redis mode "cluster" is not supported yet`},
 		{"sentinel", func(h *Handler) { h.Redis.Mode = ModeSentinel }, `redis mode "sentinel" is not supported yet`},
 		{"redlock", func(h *Handler) { h.Redis.Mode = ModeRedlock }, `redis mode "redlock" is not supported yet`},
@@ -195,8 +203,19 @@ func TestApplyDefaults(t *testing.T) {
 	h.applyDefaults()
 	if time.Duration(h.TTL) != 10*time.Second || h.Renew != 0 || h.Wait != 0 || h.Prefix != "redis_lock:" ||
 		h.MissingKey != "reject" || h.OnError != "fail_closed" || h.LostLock != "abort" ||
-		h.FencingHeader != "Fencing-Token" || h.MaxBody != 64<<10 || h.Errors != "respond" {
+		h.FencingHeader != "Fencing-Token" || h.MaxBody != 64<<10 || h.Errors != "respond" || h.Idempotency != nil {
 		t.Errorf("defaults: %+v", h)
+	}
+	h = Handler{Key: "k", Idempotency: &IdempotencyConfig{}}
+	h.applyDefaults()
+	if c := h.Idempotency; time.Duration(c.Retention) != 24*time.Hour || c.MaxResponse != 1<<20 ||
+		!reflect.DeepEqual(c.Fingerprint, []string{"method", "path", "query", "body"}) {
+		t.Errorf("idempotency defaults: %+v", c)
+	}
+	h = Handler{Key: "k", Idempotency: &IdempotencyConfig{FingerprintHeaders: []string{"X-A"}}}
+	h.applyDefaults()
+	if len(h.Idempotency.Fingerprint) != 0 {
+		t.Errorf("fingerprint headers alone: parts %v, want none", h.Idempotency.Fingerprint)
 	}
 	rc, err := h.Redis.resolve()
 	if err != nil {

@@ -17,9 +17,10 @@ import (
 
 // Placeholders the handler sets.
 const (
-	phKey    = "http.redis_lock.key"
-	phFence  = "http.redis_lock.fencing_token"
-	phResult = "http.redis_lock.result"
+	phKey       = "http.redis_lock.key"
+	phFence     = "http.redis_lock.fencing_token"
+	phResult    = "http.redis_lock.result"
+	phRecordKey = "http.redis_lock.record_key"
 )
 
 // ServeHTTP takes the lock for the request's key, calls next while holding
@@ -39,23 +40,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.inputs.repeated(r) {
 		return h.reject(w, repl, resultRejected, problemAmbiguousKey)
 	}
+	var body []byte
+	if h.readsBody {
+		var err error
+		if body, err = readBody(r, h.MaxBody); err != nil {
+			return h.rejectBody(w, r, repl, err)
+		}
+	}
 	if len(h.inputs.jsonPaths) > 0 {
-		body, err := readJSONBody(r, h.MaxBody)
+		doc, err := parseJSON(body)
 		if err != nil {
 			return h.rejectBody(w, r, repl, err)
 		}
-		fields, err := jsonFields(body, h.inputs.jsonPaths)
+		fields, err := jsonFields(doc, h.inputs.jsonPaths)
 		if err != nil {
 			return h.reject(w, repl, resultRejected, problemAmbiguousKey)
 		}
 		repl.Map(fields)
 	}
-	scope, scopeMissing, err := h.scopeTmpl.expand(repl)
+	scope, scopeMissing, err := h.scopeTmpl.expand(repl, nil)
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	key, keyMissing, err := h.keyTmpl.expand(repl)
-	if err != nil {
+	var keyValue func(key string, val any) (any, error)
+	if h.Idempotency != nil {
+		keyValue = idempotencyKeyPlaceholder
+	}
+	key, keyMissing, err := h.keyTmpl.expand(repl, keyValue)
+	if errors.Is(err, errInvalidIdempotencyKey) {
+		return h.reject(w, repl, resultRejected, problemInvalidIdempotencyKey)
+	} else if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	if keyMissing || scopeMissing {
@@ -68,15 +82,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	rkey := lock.Key(h.Prefix, scope, key)
 	repl.Set(phKey, rkey)
-	renew := time.Duration(h.Renew)
-	if h.RenewOff {
-		renew = lock.NoRenew
+	if h.Idempotency != nil {
+		return h.serveIdempotent(w, r, next, repl, rkey, h.Idempotency.fingerprint(r, body))
 	}
 	start := time.Now()
 	h.client.hold()
-	lk, err := h.locker.Acquire(r.Context(), rkey, lock.Options{
-		TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait),
-	})
+	lk, err := h.locker.Acquire(r.Context(), rkey, h.lockOptions())
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
 		return h.serveLocked(w, r, next, repl, lk)
@@ -86,21 +97,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case errors.As(err, &notObtained):
 		metrics.wait.Observe(time.Since(start).Seconds())
-		secs := int((notObtained.Remaining + time.Second - 1) / time.Second)
-		return h.reject(w, repl, resultConflict, problemConflict.withRetryAfter(secs))
+		return h.reject(w, repl, resultConflict, problemConflict.withRetryAfter(retryAfterSeconds(notObtained.Remaining)))
 	case r.Context().Err() != nil:
 		h.count(repl, resultCancelled) // the client is gone: nobody to answer
 		return nil
-	case h.OnError == OnErrorFailOpen:
+	default:
+		return h.unavailableRedis(w, r, next, repl, rkey, err)
+	}
+}
+
+// unavailableRedis answers a request whose lock could not be taken because
+// Redis failed: 503, or the request passed on unlocked with fail_open.
+func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error) error {
+	if h.OnError == OnErrorFailOpen {
 		h.unavailable.warn(h.logger, "redis unavailable: passing the request on unlocked (fail_open)",
 			zap.String("key", rkey), zap.Error(err))
 		h.count(repl, resultFailOpen)
 		return next.ServeHTTP(w, r)
-	default:
-		h.unavailable.warn(h.logger, "redis unavailable: answering 503 (fail_closed)",
-			zap.String("key", rkey), zap.Error(err))
-		return h.reject(w, repl, resultUnavailable, problemUnavailable)
 	}
+	h.unavailable.warn(h.logger, "redis unavailable: answering 503 (fail_closed)",
+		zap.String("key", rkey), zap.Error(err))
+	return h.reject(w, repl, resultUnavailable, problemUnavailable)
 }
 
 // serveLocked calls next while lk is held and releases lk before the last

@@ -29,20 +29,6 @@ var (
 	errAmbiguousJSON = errors.New("key field of the JSON body is ambiguous")
 )
 
-// readJSONBody reads at most max bytes of r's body, parses it as one JSON
-// value and puts the bytes back for the next handler. A body that cannot be
-// read is returned as the read error itself.
-func readJSONBody(r *http.Request, max int64) (*jsonValue, error) {
-	buf, err := readBody(r, max)
-	if err != nil {
-		return nil, err
-	}
-	if len(buf) == 0 {
-		return nil, errInvalidJSON
-	}
-	return parseJSON(buf)
-}
-
 // readBody reads at most max bytes of r's body and puts them back for the
 // next handler, which can also re-read them (GetBody) for retries.
 func readBody(r *http.Request, max int64) ([]byte, error) {
@@ -119,6 +105,9 @@ type jsonMember struct {
 
 // parseJSON parses buf as exactly one JSON value.
 func parseJSON(buf []byte) (*jsonValue, error) {
+	if len(buf) == 0 {
+		return nil, errInvalidJSON
+	}
 	dec := json.NewDecoder(bytes.NewReader(buf))
 	dec.UseNumber() // numbers keep their literal text
 	v, err := decodeValue(dec)

@@ -152,3 +152,12 @@ func TestJSONAmbiguousNames(t *testing.T) {
 		}
 	}
 }
+
+// readJSONBody reads and parses r's body as the handler does for a JSON key.
+func readJSONBody(r *http.Request, max int64) (*jsonValue, error) {
+	b, err := readBody(r, max)
+	if err != nil {
+		return nil, err
+	}
+	return parseJSON(b)
+}

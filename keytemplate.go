@@ -111,19 +111,36 @@ func (in keyInputs) repeated(r *http.Request) bool {
 	return false
 }
 
-// expand replaces the placeholders in t. missing is true when any of them
-// expanded to nothing (unknown placeholders included), so that
+// expand replaces the placeholders in t, each value passed through f when
+// f is not nil. missing is true when any of them expanded to nothing
+// (unknown placeholders included), so that
 // "order:{http.redis_lock.json.order_id}" without an order id never becomes
 // the shared lock "order:".
-func (t template) expand(repl *caddy.Replacer) (out string, missing bool, err error) {
+func (t template) expand(repl *caddy.Replacer, f func(key string, val any) (any, error)) (out string, missing bool, err error) {
 	if t.raw == "" {
 		return "", false, nil
 	}
-	out, err = repl.ReplaceFunc(t.raw, func(_ string, val any) (any, error) {
+	out, err = repl.ReplaceFunc(t.raw, func(key string, val any) (any, error) {
+		if f != nil {
+			var err error
+			if val, err = f(key, val); err != nil {
+				return nil, err
+			}
+		}
 		if caddy.ToString(val) == "" {
 			missing = true
 		}
 		return val, nil
 	})
 	return out, missing, err
+}
+
+// idempotencyKeyPlaceholder reads a header in an idempotency key as an
+// Idempotency-Key value (a bare token or an sf-string, see
+// idempotencyKeyValue); other placeholders pass as they are.
+func idempotencyKeyPlaceholder(key string, val any) (any, error) {
+	if !strings.HasPrefix(key, headerPrefix) {
+		return val, nil
+	}
+	return idempotencyKeyValue(caddy.ToString(val))
 }

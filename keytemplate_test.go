@@ -44,7 +44,7 @@ func TestTemplateExpand(t *testing.T) {
 	}
 	for _, tt := range tests {
 		tmpl := parseTemplate(tt.tmpl)
-		got, missing, err := tmpl.expand(repl)
+		got, missing, err := tmpl.expand(repl, nil)
 		if err != nil || got != tt.want || missing != tt.missing {
 			t.Errorf("expand(%q) = %q, missing %v, err %v; want %q, missing %v", tt.tmpl, got, missing, err, tt.want, tt.missing)
 		}

@@ -20,6 +20,7 @@ var metrics = struct {
 	renewals labelled
 	lost     prometheus.Counter
 	release  labelled
+	stored   prometheus.Histogram
 }{}
 
 // labelled is a counter with a result label whose counters for the known
@@ -77,6 +78,11 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "release_total",
 		Help: "Lock releases, by result (released, not_held, error).",
 	}, "released", "not_held", "error")
+	metrics.stored = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "stored_response_bytes",
+		Help:    "Size of the responses stored for idempotency (body and headers).",
+		Buckets: prometheus.ExponentialBuckets(64, 4, 9), // 64 B to 4 MiB
+	})
 }
 
 // registerMetrics adds the collectors to reg; already registered ones (a
@@ -87,7 +93,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec,
+		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {

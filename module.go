@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 func init() {
@@ -131,11 +132,14 @@ type Handler struct {
 	// 127.0.0.1:6379.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
-	// Idempotency stores finished responses and replays them to later
-	// duplicates. Not supported yet: configuring it is an error.
+	// Idempotency, when present (even empty), stores every finished
+	// response under its key and replays it to later requests with the same
+	// key, instead of running them again. Default: off (the lock only).
 	Idempotency *IdempotencyConfig `json:"idempotency,omitempty"`
 
-	locker      lock.Locker
+	locker      *lock.Client
+	store       *record.Store // idempotency records; nil without idempotency
+	readsBody   bool          // the key, the scope or the fingerprint reads the body
 	client      *pooledClient
 	poolKey     string
 	logger      *zap.Logger
@@ -144,21 +148,6 @@ type Handler struct {
 	inputs      keyInputs // what the key and scope read from a request
 	unavailable *rateLimitedWarn
 	releaseWarn *rateLimitedWarn
-}
-
-// IdempotencyConfig configures storing and replaying finished responses.
-// It is parsed but not supported yet.
-type IdempotencyConfig struct {
-	// Retention is how long a finished response is kept. Default: 24h.
-	Retention caddy.Duration `json:"retention,omitempty"`
-	// Fingerprint lists the request parts that must match for a replay:
-	// method, path, query, body. Default: method, path, body.
-	Fingerprint []string `json:"fingerprint,omitempty"`
-	// FingerprintHeaders lists request headers that are part of the
-	// fingerprint.
-	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
-	// MaxResponse is the largest response stored. Default: 1MiB.
-	MaxResponse int64 `json:"max_response,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -178,6 +167,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.keyTmpl = parseTemplate(h.Key)
 	h.scopeTmpl = parseTemplate(h.Scope)
 	h.inputs = h.keyTmpl.inputs.merge(h.scopeTmpl.inputs)
+	h.readsBody = len(h.inputs.jsonPaths) > 0 || h.Idempotency.fingerprints(partBody)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
@@ -199,6 +189,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		CallTimeout:    2 * time.Duration(rc.Timeout),
 		ReleaseTimeout: time.Duration(rc.Timeout),
 	})
+	if h.Idempotency != nil {
+		if h.store, err = record.NewStore(h.locker); err != nil {
+			return fmt.Errorf("redis_lock: %w", err)
+		}
+	}
 	h.logger.Debug("redis_lock provisioned",
 		zap.Object("redis", rc), zap.Duration("ttl", time.Duration(h.TTL)))
 	return nil
@@ -233,6 +228,7 @@ func (h *Handler) applyDefaults() {
 	if h.Redis == nil {
 		h.Redis = new(RedisConfig)
 	}
+	h.Idempotency.applyDefaults()
 }
 
 // Validate checks the configuration.
@@ -259,7 +255,9 @@ func (h *Handler) Validate() error {
 	check(h.Errors == ErrorsRespond || h.Errors == ErrorsHandleErrors,
 		"errors must be %s or %s, got %q", ErrorsRespond, ErrorsHandleErrors, h.Errors)
 	check(h.FencingHeaderOff || httpguts.ValidHeaderFieldName(h.FencingHeader), "fencing_header %q is not a valid header name", h.FencingHeader)
-	check(h.Idempotency == nil, "idempotency is not supported yet")
+	if h.Idempotency != nil {
+		errs = append(errs, h.Idempotency.validate())
+	}
 	if h.Redis != nil {
 		if err := h.Redis.validate(); err != nil {
 			errs = append(errs, err)

@@ -41,6 +41,16 @@ var (
 		detail: "The request could not be coordinated right now; retry later.", retryAfter: 1}
 	problemLockLost = problem{slug: "lock-lost", status: http.StatusServiceUnavailable, title: "Lock lost",
 		detail: "The request could not be completed safely and was cancelled; retry later.", retryAfter: 1}
+	problemInvalidIdempotencyKey = problem{slug: "invalid-idempotency-key", status: http.StatusBadRequest, title: "Invalid idempotency key",
+		detail: "The idempotency key must be 1 to 255 printable ASCII characters, bare or as a quoted string."}
+	problemInProgress = problem{slug: "in-progress", status: http.StatusConflict, title: "Request in progress",
+		detail: "A request with the same idempotency key is being processed; retry later to get its result."}
+	problemMismatch = problem{slug: "key-reused", status: http.StatusUnprocessableEntity, title: "Idempotency key reused",
+		detail: "This idempotency key was used for a different request; use a new key for a new request."}
+	problemNotReplayable = problem{slug: "not-replayable", status: http.StatusUnprocessableEntity, title: "Result not replayable",
+		detail: "A request with this idempotency key was processed, but its response was not kept (too large, streamed, or HEAD); it is not run again."}
+	problemOutcomeUnknown = problem{slug: "outcome-unknown", status: http.StatusBadGateway, title: "Outcome unknown",
+		detail: "The request reached the backend but its answer was lost, so it may have taken effect; check before retrying with a new key."}
 	problemTooEarly = problem{slug: "too-early", status: http.StatusTooEarly, title: "Too early",
 		detail: "This request may not be sent as TLS early data; retry after the handshake."}
 )
@@ -59,21 +69,33 @@ type problemJSON struct {
 	Detail string `json:"detail"`
 }
 
+// body is p's problem+json body and the headers that go with it.
+func (p problem) body() ([]byte, http.Header) {
+	// Marshalling four plain fields cannot fail.
+	b, _ := json.Marshal(problemJSON{Type: problemTypeBase + p.slug, Title: p.title, Status: p.status, Detail: p.detail})
+	hdr := http.Header{
+		"Content-Type":           {"application/problem+json"},
+		"Cache-Control":          {"no-store"},
+		"X-Content-Type-Options": {"nosniff"},
+	}
+	if p.retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(p.retryAfter))
+	}
+	return b, hdr
+}
+
 // writeProblem answers with p: a problem+json body in respond mode, or
 // caddyhttp.Error for the site's handle_errors routes, with the same status
 // and headers either way.
 func (h *Handler) writeProblem(w http.ResponseWriter, p problem) error {
+	body, phdr := p.body()
 	hdr := w.Header()
 	hdr.Set("Cache-Control", "no-store")
-	if p.retryAfter > 0 {
-		hdr.Set("Retry-After", strconv.Itoa(p.retryAfter))
+	if v := phdr.Get("Retry-After"); v != "" {
+		hdr.Set("Retry-After", v)
 	}
 	if h.Errors == ErrorsHandleErrors {
 		return caddyhttp.Error(p.status, errors.New("redis_lock: "+p.slug+": "+p.title))
-	}
-	body, err := json.Marshal(problemJSON{Type: problemTypeBase + p.slug, Title: p.title, Status: p.status, Detail: p.detail})
-	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	hdr.Set("Content-Type", "application/problem+json")
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))

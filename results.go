@@ -15,6 +15,8 @@ const (
 	resultLost        = "lost"
 	resultCancelled   = "cancelled"
 	resultTooEarly    = "too_early"
+	resultReplayed    = "replayed"
+	resultMismatch    = "mismatch"
 )
 
 // results is the one list of results with their meanings: the metric's help
@@ -25,11 +27,13 @@ var results = []struct{ name, meaning string }{
 	{resultConflict, "409: another request holds the lock"},
 	{resultBypassed, "key missing with missing_key pass: passed on unlocked"},
 	{resultFailOpen, "Redis unavailable with on_error fail_open: passed on unlocked"},
-	{resultRejected, "400 or 413: key missing, body not JSON or too large"},
+	{resultRejected, "400, 408 or 413: key missing, ambiguous or invalid, body not JSON, too large or unreadable"},
 	{resultUnavailable, "503: Redis unavailable"},
 	{resultLost, "the lock was lost while the request was in flight"},
 	{resultCancelled, "the client went away first"},
 	{resultTooEarly, "425: TLS early data"},
+	{resultReplayed, "idempotency: answered from the stored response"},
+	{resultMismatch, "idempotency: 422, the key was used for another request"},
 }
 
 // resultNames lists the results' names, in order.

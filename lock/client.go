@@ -266,6 +266,15 @@ func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.C
 	return detached, func() {}
 }
 
+// Background runs f on a context detached from ctx's cancellation, unless
+// MaxBackground calls (the Client's own cleanups included) are already
+// running: then f is dropped. It reports whether f runs. For work a caller
+// finishes after it has answered, such as storing an outcome once Redis is
+// back (package record's users).
+func (c *Client) Background(ctx context.Context, f func(context.Context)) bool {
+	return c.background(ctx, f)
+}
+
 // background runs f on a context detached from ctx's cancellation, unless
 // MaxBackground calls are already running: then f is dropped, as the lease
 // ends what it would have cleaned up. It reports whether f runs.

@@ -1,0 +1,357 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+// Defaults of the idempotency block.
+const (
+	DefaultRetention   = 24 * time.Hour
+	DefaultMaxResponse = 1 << 20
+)
+
+// Fingerprint parts.
+const (
+	partMethod = "method"
+	partPath   = "path"
+	partQuery  = "query"
+	partBody   = "body"
+)
+
+// IdempotencyConfig configures storing finished responses and replaying
+// them to later requests with the same key.
+type IdempotencyConfig struct {
+	// Retention is how long a finished response is kept. Default: 24h.
+	Retention caddy.Duration `json:"retention,omitempty"`
+	// Fingerprint lists the request parts that must match the stored
+	// request's for a replay (else 422): method, path, query, body.
+	// Default: all four, unless FingerprintHeaders is set alone.
+	Fingerprint []string `json:"fingerprint,omitempty"`
+	// FingerprintHeaders lists request headers that are part of the
+	// fingerprint (Caddyfile: fingerprint header <name>).
+	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
+	// MaxResponse is the largest response body stored; a larger one is
+	// completed without its body and cannot be replayed. Default: 1MiB.
+	MaxResponse int64 `json:"max_response,omitempty"`
+}
+
+// applyDefaults fills in what is unset; nil stays nil (idempotency off).
+func (c *IdempotencyConfig) applyDefaults() {
+	if c == nil {
+		return
+	}
+	if c.Retention == 0 {
+		c.Retention = caddy.Duration(DefaultRetention)
+	}
+	if len(c.Fingerprint) == 0 && len(c.FingerprintHeaders) == 0 {
+		c.Fingerprint = []string{partMethod, partPath, partQuery, partBody}
+	}
+	if c.MaxResponse == 0 {
+		c.MaxResponse = DefaultMaxResponse
+	}
+}
+
+func (c *IdempotencyConfig) validate() error {
+	var errs []error
+	if c.Retention <= 0 {
+		errs = append(errs, fmt.Errorf("idempotency: retention must be positive, got %v", time.Duration(c.Retention)))
+	}
+	if c.MaxResponse <= 0 {
+		errs = append(errs, fmt.Errorf("idempotency: max_response must be positive, got %d", c.MaxResponse))
+	}
+	for _, p := range c.Fingerprint {
+		if !slices.Contains([]string{partMethod, partPath, partQuery, partBody}, p) {
+			errs = append(errs, fmt.Errorf("idempotency: unknown fingerprint part %q (want method, path, query or body)", p))
+		}
+	}
+	for _, name := range c.FingerprintHeaders {
+		if !httpguts.ValidHeaderFieldName(name) {
+			errs = append(errs, fmt.Errorf("idempotency: fingerprint header %q is not a valid header name", name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// fingerprints reports whether the fingerprint includes part; false with
+// idempotency off.
+func (c *IdempotencyConfig) fingerprints(part string) bool {
+	return c != nil && slices.Contains(c.Fingerprint, part)
+}
+
+// notProcessed are the statuses that say "not processed, try again": their
+// record is removed so that a retry runs.
+func notProcessed(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return true
+	}
+	return false
+}
+
+// serveIdempotent begins the request under its record: it replays a
+// completed one, refuses another request under the same key, and runs a new
+// one with its record in progress.
+func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey, fingerprint string) error {
+	repl.Set(phRecordKey, record.Key(rkey))
+	// The record outlives the client: a request that begins runs on, and
+	// its answer is stored, when the client goes away (bounded by the
+	// lease and its renewal), so that the client's retry gets it.
+	ctx := context.WithoutCancel(r.Context())
+	start := time.Now()
+	h.client.hold()
+	lk, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
+	if err == nil {
+		metrics.wait.Observe(time.Since(start).Seconds())
+		return h.serveRecorded(w, r, next, repl, lk, fingerprint)
+	}
+	h.client.done()
+	var done *record.CompletedError
+	var notObtained *lock.NotObtainedError
+	switch {
+	case errors.As(err, &done):
+		metrics.wait.Observe(time.Since(start).Seconds())
+		return h.replay(w, r, repl, done.Response)
+	case errors.Is(err, record.ErrMismatch):
+		return h.reject(w, repl, resultMismatch, problemMismatch)
+	case errors.As(err, &notObtained):
+		metrics.wait.Observe(time.Since(start).Seconds())
+		return h.reject(w, repl, resultConflict, problemInProgress.withRetryAfter(retryAfterSeconds(notObtained.Remaining)))
+	default:
+		return h.unavailableRedis(w, r, next, repl, rkey, err)
+	}
+}
+
+// serveRecorded runs a new request with its record in progress, and stores
+// its outcome (or gives the record up) before the response completes.
+func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock, fingerprint string) error {
+	acquired := time.Now()
+	hw := newHoldWriter(w)
+	rec := newRecordingWriter(hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead)
+	finished := false
+	// finish stores resp (nil: gives the record up) and releases the lock,
+	// waiting on Redis for at most the client's timeout.
+	finish := func(resp *record.Response, lost bool) {
+		if finished {
+			return
+		}
+		finished = true
+		metrics.hold.Observe(time.Since(acquired).Seconds())
+		if resp == nil {
+			err := h.store.Abandon(r.Context(), lk)
+			observeRelease(err)
+			h.client.done()
+			if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+				h.releaseWarn.warn(h.logger, "giving up a record", zap.String("key", lk.Key()), zap.Error(err))
+			}
+			return
+		}
+		h.complete(r.Context(), lk, fingerprint, resp, lost)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			// reverse_proxy panics with http.ErrAbortHandler when the
+			// upstream answer breaks off mid-body: sent, not answered.
+			cause := context.Cause(lk.Context())
+			finish(h.unknownOutcome(), errors.Is(cause, lock.ErrNotHeld))
+			hw.discard()
+			if errors.Is(cause, lock.ErrNotHeld) {
+				h.lockLost(lk, cause)
+				h.count(repl, resultLost)
+			} else {
+				h.count(repl, resultAcquired)
+			}
+			panic(p)
+		}
+	}()
+
+	repl.Set(phFence, lk.Fence())
+	repl.Set(phResult, resultAcquired)
+	if !h.FencingHeaderOff {
+		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
+	}
+	restrictAcceptEncoding(r)
+	// Detached from the client (its record outlives it); cancelled when
+	// the lock is lost with lost_lock abort.
+	req := r.WithContext(lk.Context())
+	if h.LostLock == LostLockContinue {
+		req = r.WithContext(context.WithoutCancel(r.Context()))
+	}
+	nextErr := next.ServeHTTP(rec, req)
+
+	cause := context.Cause(lk.Context())
+	lost := errors.Is(cause, lock.ErrNotHeld)
+	if lost {
+		h.lockLost(lk, cause)
+	}
+	switch {
+	case lost && h.LostLock == LostLockAbort:
+		// The upstream request was cancelled: sent, maybe done, not
+		// answered. The answer is due now: the outcome is stored in the
+		// background.
+		finish(h.unknownOutcome(), true)
+		h.count(repl, resultLost)
+		if hw.started {
+			hw.discard()
+			panic(http.ErrAbortHandler) // the client must not see a complete-looking response
+		}
+		err := h.writeStoredProblem(hw, problemOutcomeUnknown)
+		_ = hw.finish()
+		hw.free()
+		return err
+	case nextErr != nil && !hw.started:
+		if neverReached(nextErr) {
+			finish(nil, lost)
+			h.countOutcome(repl, r, lost)
+			return nextErr
+		}
+		finish(h.unknownOutcome(), lost)
+		h.countOutcome(repl, r, lost)
+		err := h.writeStoredProblem(hw, problemOutcomeUnknown)
+		_ = hw.finish()
+		hw.free()
+		return err
+	case notProcessed(rec.status):
+		finish(nil, lost)
+	default:
+		finish(rec.response(), lost)
+	}
+	h.countOutcome(repl, r, lost)
+	_ = hw.finish() // a failed write means the client is gone
+	hw.free()
+	return nextErr
+}
+
+// complete stores resp as the outcome of lk's request. When Redis does not
+// answer, it tries again in the background until the lease has passed once
+// more, so that a retry that comes once Redis is back finds the outcome
+// (complete.lua still writes it while no other request has the key). A lost
+// lock's answer is due at once: its outcome is stored in the background
+// from the first attempt.
+func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *record.Response, lost bool) {
+	retention := time.Duration(h.Idempotency.Retention)
+	err := lock.ErrUnavailable
+	if !lost {
+		err = h.store.Complete(ctx, lk, fingerprint, resp, retention)
+	} else {
+		lk.Stop()
+	}
+	if errors.Is(err, lock.ErrUnavailable) {
+		started := h.locker.Background(ctx, func(ctx context.Context) {
+			defer h.client.done()
+			deadline := time.Now().Add(time.Duration(h.TTL))
+			for wait := time.Duration(0); errors.Is(err, lock.ErrUnavailable) && time.Now().Before(deadline); wait = min(max(2*wait, 50*time.Millisecond), time.Second) {
+				time.Sleep(wait)
+				err = h.store.Complete(ctx, lk, fingerprint, resp, retention)
+			}
+			h.stored(lk, resp, err)
+		})
+		if started {
+			return
+		}
+	}
+	h.client.done()
+	h.stored(lk, resp, err)
+}
+
+// stored counts and logs the end of a completion.
+func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {
+	observeRelease(err)
+	if err != nil {
+		h.releaseWarn.warn(h.logger, "storing a response", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
+		return
+	}
+	metrics.stored.Observe(float64(encodedSize(resp)))
+	if resp.Outcome == record.Unknown {
+		h.logger.Warn("outcome unknown: a problem response is stored in its place; DEL the record key to let a retry run",
+			zap.String("record_key", record.Key(lk.Key())), zap.Int64("fencing_token", lk.Fence()))
+	}
+}
+
+// countOutcome counts a request that ran: lost, cancelled (the client went
+// away, the answer is stored all the same) or acquired.
+func (h *Handler) countOutcome(repl *caddy.Replacer, r *http.Request, lost bool) {
+	switch {
+	case lost:
+		h.count(repl, resultLost)
+	case r.Context().Err() != nil:
+		h.count(repl, resultCancelled)
+	default:
+		h.count(repl, resultAcquired)
+	}
+}
+
+// neverReached reports whether next failed before any backend could act on
+// the request: a refused connection, no upstream available, or a status
+// that says "not processed". Any other error after the request may have
+// gone out leaves the outcome unknown.
+func neverReached(err error) bool {
+	var dialErr reverseproxy.DialError
+	if errors.As(err, &dialErr) {
+		return true
+	}
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return notProcessed(he.StatusCode) || (he.StatusCode >= 400 && he.StatusCode < 500)
+	}
+	return false
+}
+
+// unknownOutcome is the record of a request whose answer never came.
+func (h *Handler) unknownOutcome() *record.Response {
+	body, hdr := problemOutcomeUnknown.body()
+	return &record.Response{Outcome: record.Unknown, Status: problemOutcomeUnknown.status, Header: hdr, Body: body}
+}
+
+// writeStoredProblem answers the request itself with p, as its retries will
+// be answered from the record, whatever the errors setting.
+func (h *Handler) writeStoredProblem(w http.ResponseWriter, p problem) error {
+	body, hdr := p.body()
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(p.status)
+	_, _ = w.Write(body)
+	return nil
+}
+
+// lockOptions are the lock's options from the config.
+func (h *Handler) lockOptions() lock.Options {
+	renew := time.Duration(h.Renew)
+	if h.RenewOff {
+		renew = lock.NoRenew
+	}
+	return lock.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
+}
+
+// retryAfterSeconds is a Retry-After for a holder's remaining lease.
+func retryAfterSeconds(remaining time.Duration) int {
+	return int((remaining + time.Second - 1) / time.Second)
+}
+
+// encodedSize is about what a record takes in Redis: its body and headers.
+func encodedSize(r *record.Response) int {
+	n := len(r.Body)
+	for k, vs := range r.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return n
+}

@@ -1,0 +1,572 @@
+package redislock
+
+// Idempotency mode through Caddy against real redis-server: stored
+// responses, their replay, the outcomes that are and are not stored, and
+// what a replay looks like to a new client.
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+// chargeBackend answers by path, and numbers its charges so that a replay
+// (the same number) tells itself from a second execution.
+func chargeBackend(t *testing.T) (*recorder, *atomic.Int64) {
+	t.Helper()
+	var charges atomic.Int64
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		n := charges.Add(1)
+		switch {
+		case strings.HasPrefix(s.Path, "/pay/status/"):
+			code, _ := strconv.Atoi(strings.TrimPrefix(s.Path, "/pay/status/"))
+			w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
+			w.WriteHeader(code)
+			fmt.Fprintf(w, `{"status":%d,"charge":%d}`, code, n)
+		case s.Path == "/pay/slow":
+			select {
+			case <-time.After(800 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+			fmt.Fprintf(w, `{"charge":%d}`, n)
+		case s.Path == "/pay/hang":
+			<-r.Context().Done()
+		case s.Path == "/pay/reset":
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		case s.Path == "/pay/big":
+			io.WriteString(w, strings.Repeat("x", 5000))
+		case s.Path == "/pay/sse":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "data: charge %d\n\n", n)
+		case s.Path == "/pay/text":
+			w.Header().Set("Content-Type", "text/plain")
+			io.WriteString(w, strings.Repeat(fmt.Sprintf("charge %d ", n), 200))
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
+			w.Header().Set("Set-Cookie", "session=secret-of-the-first-client")
+			w.Header().Set("Keep-Alive", "timeout=5")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"charge":%d,"fencing":%q}`, n, strings.Join(s.Fencing, ","))
+		}
+	})
+	return be, &charges
+}
+
+// idemSite is /pay* keyed by Idempotency-Key in idempotency mode.
+func idemSite(redisAddr, backend, extra, idem string) string {
+	return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+%s
+		idempotency {
+			max_response 4KiB
+%s
+		}
+	}
+	reverse_proxy %s {
+		transport http {
+			response_header_timeout 1s
+		}
+	}`, redisAddr, extra, idem, backend)
+}
+
+// executions counts the backend requests that carried key.
+func executions(be *recorder, key string) int {
+	n := 0
+	for _, s := range be.requests() {
+		if s.Key == key {
+			n++
+		}
+	}
+	return n
+}
+
+func TestIdempotencyReplay(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+
+	first := s.do("POST", "/pay", `{"amount":1299}`, "Idempotency-Key", "order-1")
+	if first.Status != http.StatusCreated || first.Header.Get(replayedHeader) != "" {
+		t.Fatalf("first request: %s", first)
+	}
+	if first.Header.Get("Set-Cookie") == "" {
+		t.Fatal("the first client did not get its cookie")
+	}
+	for i := range 3 {
+		r := s.do("POST", "/pay", `{"amount":1299}`, "Idempotency-Key", "order-1")
+		if r.Status != first.Status || r.Body != first.Body || r.Header.Get("X-Charge") != first.Header.Get("X-Charge") {
+			t.Fatalf("retry %d: %s, want the first response %s", i, r, first)
+		}
+		if r.Header.Get(replayedHeader) != "true" {
+			t.Errorf("retry %d without %s: true", i, replayedHeader)
+		}
+		if got := r.Header.Get("Content-Length"); got != strconv.Itoa(len(first.Body)) {
+			t.Errorf("retry %d Content-Length %q, body of %d bytes", i, got, len(first.Body))
+		}
+		for _, h := range []string{"Set-Cookie", "Keep-Alive"} {
+			if v := r.Header.Get(h); v != "" {
+				t.Errorf("retry %d replays %s: %q", i, h, v)
+			}
+		}
+	}
+	if n := executions(be, "order-1"); n != 1 {
+		t.Fatalf("backend ran order-1 %d times, want once", n)
+	}
+	// The bare key and its RFC 8941 sf-string are one key.
+	if r := s.do("POST", "/pay", `{"amount":1299}`, "Idempotency-Key", `"order-1"`); r.Header.Get(replayedHeader) != "true" || r.Body != first.Body {
+		t.Fatalf("sf-string of the same key: %s", r)
+	}
+	// Retention: the record expires with it.
+	if p := rdb.PTTL(context.Background(), record.Key(defaultKey("order-1"))).Val(); p < 23*time.Hour {
+		t.Errorf("record PTTL %v, want the 24h default retention", p)
+	}
+}
+
+func TestIdempotencyMismatch(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+
+	inFlight := make(chan *response, 1)
+	go func() {
+		r, _ := s.send(context.Background(), "POST", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k")
+		inFlight <- r
+	}()
+	be.waitEntered(t, 10*time.Second)
+	// In progress: another body, path or method with the key is 422.
+	for _, req := range [][2]string{{"/pay/slow", `{"amount":2}`}, {"/pay/other", `{"amount":1}`}} {
+		expectProblem(t, s.do("POST", req[0], req[1], "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
+	}
+	// The same request meanwhile is 409 with Retry-After.
+	r := s.do("POST", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k")
+	expectProblem(t, r, http.StatusConflict)
+	retryAfter(t, r)
+	if r := <-inFlight; r == nil || r.Status != 200 {
+		t.Fatalf("first request: %v", r)
+	}
+	// Completed: still 422 for another request with the key.
+	expectProblem(t, s.do("PUT", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
+	expectProblem(t, s.do("POST", "/pay/slow?x=1", `{"amount":1}`, "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
+	if n := executions(be, "k"); n != 1 {
+		t.Fatalf("backend ran k %d times, want once", n)
+	}
+}
+
+// Concurrent duplicates while in progress: one execution, the others 409,
+// and every retry after it completes gets the same answer.
+func TestIdempotencyConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	const n = 20
+	var wg sync.WaitGroup
+	statuses := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r, err := s.send(context.Background(), "POST", "/pay/slow", `{}`, "Idempotency-Key", "dup"); err == nil {
+				statuses[i] = r.Status
+			}
+		}()
+	}
+	wg.Wait()
+	ok, conflict := 0, 0
+	for _, st := range statuses {
+		switch st {
+		case 200:
+			ok++
+		case 409:
+			conflict++
+		}
+	}
+	if ok != 1 || conflict != n-1 {
+		t.Fatalf("statuses %v: want one 200 and %d 409", statuses, n-1)
+	}
+	r := s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "dup")
+	if r.Status != 200 || r.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("retry after completion: %s", r)
+	}
+	if e := executions(be, "dup"); e != 1 || be.overlaps != 0 {
+		t.Fatalf("backend executions %d, overlaps %d", e, be.overlaps)
+	}
+}
+
+// What is stored: every answer of the backend, errors included, except the
+// statuses that say "not processed".
+func TestIdempotencyStoredStatuses(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	for _, code := range []int{200, 400, 402, 404, 500, 502} {
+		key := fmt.Sprintf("status-%d", code)
+		path := fmt.Sprintf("/pay/status/%d", code)
+		first := s.do("POST", path, `{}`, "Idempotency-Key", key)
+		again := s.do("POST", path, `{}`, "Idempotency-Key", key)
+		if first.Status != code || again.Status != code || again.Body != first.Body || again.Header.Get(replayedHeader) != "true" {
+			t.Errorf("%d: first %s, retry %s; want the first replayed", code, first, again)
+		}
+		if n := executions(be, key); n != 1 {
+			t.Errorf("%d: backend ran %d times, want once", code, n)
+		}
+	}
+	for _, code := range []int{408, 425, 429, 503} {
+		key := fmt.Sprintf("status-%d", code)
+		path := fmt.Sprintf("/pay/status/%d", code)
+		first := s.do("POST", path, `{}`, "Idempotency-Key", key)
+		again := s.do("POST", path, `{}`, "Idempotency-Key", key)
+		if first.Status != code || again.Header.Get(replayedHeader) != "" || again.Body == first.Body {
+			t.Errorf("%d: first %s, retry %s; want the retry run again", code, first, again)
+		}
+		if n := executions(be, key); n != 2 {
+			t.Errorf("%d: backend ran %d times, want twice", code, n)
+		}
+		if keyExists(t, rdb, record.Key(defaultKey(key))) {
+			t.Errorf("%d: a record is left", code)
+		}
+	}
+}
+
+// The backend never reached (connection refused): no record, a retry runs.
+func TestIdempotencyBackendNeverReached(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	dead := mustFreePort(t)
+	s := startCaddySite(t, idemSite(srv.Addr, fmt.Sprintf("127.0.0.1:%d", dead), "", ""), siteOptions{})
+	for i := range 2 {
+		r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "refused")
+		if r.Status != http.StatusBadGateway || r.Header.Get(replayedHeader) != "" {
+			t.Fatalf("attempt %d: %s, want a fresh 502", i, r)
+		}
+	}
+	if keyExists(t, rdb, record.Key(defaultKey("refused"))) || keyExists(t, rdb, defaultKey("refused")) {
+		t.Fatal("a record or lock is left after the backend was never reached")
+	}
+}
+
+// The backend reached but never answering (timeout, reset): the outcome is
+// unknown, a problem says so, and a retry gets the same problem, never a
+// second run.
+func TestIdempotencyOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	for _, path := range []string{"/pay/hang", "/pay/reset"} {
+		key := "unknown" + strings.ReplaceAll(path, "/", "-")
+		first := s.do("POST", path, `{}`, "Idempotency-Key", key)
+		p := expectProblem(t, first, http.StatusBadGateway)
+		if !strings.HasSuffix(p.Type, "#outcome-unknown") {
+			t.Fatalf("%s: problem type %q", path, p.Type)
+		}
+		again := s.do("POST", path, `{}`, "Idempotency-Key", key)
+		expectProblem(t, again, http.StatusBadGateway)
+		if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body {
+			t.Fatalf("%s retry: %s, want the stored problem", path, again)
+		}
+		if n := executions(be, key); n != 1 {
+			t.Fatalf("%s: backend ran %d times, want once", path, n)
+		}
+		// An operator who has checked the outcome clears the record, and
+		// the next retry runs.
+		if err := rdb.Del(context.Background(), record.Key(defaultKey(key))).Err(); err != nil {
+			t.Fatal(err)
+		}
+		s.do("POST", path, `{}`, "Idempotency-Key", key)
+		if n := executions(be, key); n != 2 {
+			t.Fatalf("%s after DEL of the record: backend ran %d times, want twice", path, n)
+		}
+	}
+}
+
+// Completed without a body: too large, streamed, HEAD. A duplicate gets a
+// problem that says so, never a second run, and not a status that clients
+// retry.
+func TestIdempotencyNotReplayable(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	for _, req := range []struct{ method, path string }{{"POST", "/pay/big"}, {"POST", "/pay/sse"}, {"HEAD", "/pay"}} {
+		key := "nr-" + req.method + req.path
+		first := s.do(req.method, req.path, "", "Idempotency-Key", key)
+		if first.Status/100 != 2 {
+			t.Fatalf("%s %s: %s", req.method, req.path, first)
+		}
+		if req.path == "/pay/big" && len(first.Body) != 5000 {
+			t.Fatalf("the first client got %d bytes of a 5000-byte answer", len(first.Body))
+		}
+		again := s.do(req.method, req.path, "", "Idempotency-Key", key)
+		if req.method == "HEAD" {
+			if again.Status != http.StatusUnprocessableEntity || again.Header.Get(replayedHeader) != "true" {
+				t.Fatalf("HEAD retry: %s", again)
+			}
+		} else {
+			p := expectProblem(t, again, http.StatusUnprocessableEntity)
+			if !strings.HasSuffix(p.Type, "#not-replayable") || again.Header.Get(replayedHeader) != "true" {
+				t.Fatalf("%s retry: %s", req.path, again)
+			}
+		}
+		if n := executions(be, key); n != 1 {
+			t.Fatalf("%s %s: backend ran %d times, want once", req.method, req.path, n)
+		}
+	}
+}
+
+// The record outlives the client: a client that gives up does not cancel
+// the charge, and its retry gets the stored answer instead of a second one.
+func TestIdempotencyOutlivesClient(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := s.send(ctx, "POST", "/pay/slow", `{}`, "Idempotency-Key", "impatient"); err == nil {
+		t.Fatal("the impatient client got an answer within 300ms of an 800ms charge")
+	}
+	be.waitEntered(t, 5*time.Second)
+	var r *response
+	redistest.Eventually(t, 10*time.Second, "the stored answer", func() bool {
+		r = s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "impatient")
+		return r.Status == 200
+	})
+	if r.Header.Get(replayedHeader) != "true" || !strings.Contains(r.Body, `"charge":`) {
+		t.Fatalf("retry after the client left: %s", r)
+	}
+	if n := executions(be, "impatient"); n != 1 {
+		t.Fatalf("backend ran %d times, want once", n)
+	}
+}
+
+// Tenants under scope never see each other's responses.
+func TestIdempotencyScope(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "\t\tscope {http.request.header.X-Tenant}", ""), siteOptions{})
+	a := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "a")
+	b := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "b")
+	if a.Header.Get(replayedHeader) != "" || b.Header.Get(replayedHeader) != "" || a.Body == b.Body {
+		t.Fatalf("tenant b got tenant a's answer: a %s, b %s", a, b)
+	}
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "a"); r.Body != a.Body || r.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("tenant a's retry: %s", r)
+	}
+}
+
+// Retention: the record expires, and the key runs again.
+func TestIdempotencyRetentionExpiry(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", "\t\t\tretention 1s"), siteOptions{})
+	first := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short")
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short"); r.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("retry within retention: %s", r)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short")
+	if r.Header.Get(replayedHeader) != "" || r.Body == first.Body {
+		t.Fatalf("after retention: %s, want a new execution", r)
+	}
+}
+
+// An Idempotency-Key that is not 1 to 255 printable ASCII characters, bare
+// or as an sf-string, is 400 and reaches nothing.
+func TestIdempotencyKeyValidation(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	for _, key := range []string{strings.Repeat("k", 256), `"unterminated`, `"a"b"`, `""`, "caf\u00e9", `"\x"`} {
+		p := expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", key), http.StatusBadRequest)
+		if !strings.HasSuffix(p.Type, "#invalid-idempotency-key") {
+			t.Errorf("%q: problem %q", key, p.Type)
+		}
+	}
+	for _, key := range []string{strings.Repeat("k", 255), `"with \"escapes\" and spaces"`, "9f8b2c1e-uuid-like"} {
+		if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", key); r.Status != http.StatusCreated {
+			t.Errorf("%q: %s", key, r)
+		}
+	}
+	if be.count() != 3 {
+		t.Fatalf("backend reached %d times, want 3", be.count())
+	}
+}
+
+// A replay is right for its client's Accept-Encoding, with encode before or
+// after redis_lock in the site.
+func TestIdempotencyReplayEncoding(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	lockBlock := fmt.Sprintf(`redis_lock /pay* {http.request.header.Idempotency-Key} {
+			redis %s
+			idempotency
+		}`, srv.Addr)
+	s := startCaddySite(t, fmt.Sprintf(`	# redis_lock orders itself before encode: it stores what encode wrote.
+	handle /a/* {
+		uri strip_prefix /a
+		encode gzip
+		%[1]s
+		reverse_proxy %[2]s
+	}
+	# encode first, redis_lock inside it: it stores the plain answer.
+	handle /b/* {
+		uri strip_prefix /b
+		route {
+			encode gzip
+			%[1]s
+			reverse_proxy %[2]s
+		}
+	}`, lockBlock, be.hostPort()), siteOptions{})
+	// The harness's client would decompress by itself: ask for gzip by
+	// hand, which turns that off.
+	plain := func(r *response) string {
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			zr, err := gzip.NewReader(strings.NewReader(r.Body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(zr)
+			return string(b)
+		}
+		return r.Body
+	}
+	for _, site := range []string{"/a", "/b"} {
+		for _, firstGzip := range []bool{true, false} {
+			key := fmt.Sprintf("enc%s-%v", site, firstGzip)
+			enc := map[bool]string{true: "gzip", false: "identity"}
+			first := s.do("POST", site+"/pay/text", `{}`, "Idempotency-Key", key, "Accept-Encoding", enc[firstGzip])
+			want := plain(first)
+			if !strings.HasPrefix(want, "charge ") {
+				t.Fatalf("%s first: %q", key, want[:min(len(want), 40)])
+			}
+			for _, gz := range []bool{true, false} {
+				r := s.do("POST", site+"/pay/text", `{}`, "Idempotency-Key", key, "Accept-Encoding", enc[gz])
+				if r.Header.Get(replayedHeader) != "true" {
+					t.Fatalf("%s: not replayed: %s", key, r.Header)
+				}
+				if !gz && r.Header.Get("Content-Encoding") != "" {
+					t.Errorf("%s: replay to a client without gzip is %q", key, r.Header.Get("Content-Encoding"))
+				}
+				if cl := r.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(r.Body)) {
+					t.Errorf("%s: Content-Length %s for %d bytes", key, cl, len(r.Body))
+				}
+				if got := plain(r); got != want {
+					t.Errorf("%s replay (gzip %v): %d bytes differ from the first answer's %d", key, gz, len(got), len(want))
+				}
+			}
+			if n := executions(be, key); n != 1 {
+				t.Fatalf("%s: backend ran %d times", key, n)
+			}
+		}
+	}
+}
+
+// No fencing token reaches anything on a replay, and each execution has
+// its own.
+func TestIdempotencyFencing(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s.do("POST", "/pay", `{}`, "Idempotency-Key", "f1", "Fencing-Token", "1")
+	s.do("POST", "/pay", `{}`, "Idempotency-Key", "f1")
+	reqs := be.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("backend reached %d times", len(reqs))
+	}
+	if f := fence(t, reqs[0].Fencing); f <= 1 {
+		t.Fatalf("fencing token %d: the client's own passed", f)
+	}
+	if !bytes.Contains(reqs[0].Body, []byte("{}")) {
+		t.Fatalf("body upstream %q", reqs[0].Body)
+	}
+}
+
+// A lock lost while Redis is paused: the client gets the outcome-unknown
+// problem at the lease deadline, and once Redis is back the same problem is
+// what a retry gets, never a second run.
+func TestIdempotencyLostLock(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		ttl 1s
+		redis %s {
+			timeout 300ms
+		}
+		idempotency
+	}
+	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{})
+	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != http.StatusCreated {
+		t.Fatalf("warm-up: %s", r)
+	}
+	be.waitEntered(t, 5*time.Second)
+	done := make(chan *response, 1)
+	sent := time.Now()
+	go func() {
+		r, err := s.send(context.Background(), "POST", "/pay/hang", `{}`, "Idempotency-Key", "lost")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	be.waitEntered(t, 5*time.Second)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	var first *response
+	select {
+	case first = <-done:
+	case <-time.After(5 * time.Second):
+		_ = srv.Resume()
+		t.Fatal("no answer at the lease deadline while Redis was paused")
+	}
+	answered := time.Since(sent)
+	time.Sleep(500 * time.Millisecond) // still paused: the outcome waits to be stored
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if first == nil {
+		t.Fatal("no response")
+	}
+	p := expectProblem(t, first, http.StatusBadGateway)
+	if !strings.HasSuffix(p.Type, "#outcome-unknown") || answered > 1200*time.Millisecond {
+		t.Fatalf("lost lock answered %q after %v, want outcome-unknown at the 1s lease deadline", p.Type, answered)
+	}
+	var again *response
+	redistest.Eventually(t, 5*time.Second, "the stored outcome after Redis came back", func() bool {
+		again = s.do("POST", "/pay/hang", `{}`, "Idempotency-Key", "lost")
+		return again.Status != http.StatusServiceUnavailable
+	})
+	if again.Status != http.StatusBadGateway || again.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("retry after the lost lock: %s, want the stored outcome-unknown problem", again)
+	}
+	if n := executions(be, "lost"); n != 1 {
+		t.Fatalf("backend ran %d times, want once", n)
+	}
+}
