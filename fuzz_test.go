@@ -84,7 +84,7 @@ func FuzzJSONKey(f *testing.F) {
 			t.Fatalf("jsonFields: %v after jsonField succeeded", err)
 		}
 		repl.Map(fields)
-		if _, _, err := parseTemplate("k:{" + jsonPrefix + path + "}").expand(repl, nil); err != nil && !strings.ContainsAny(path, "{}\\") {
+		if _, _, err := parseTemplate("k:{"+jsonPrefix+path+"}").expand(repl, nil); err != nil && !strings.ContainsAny(path, "{}\\") {
 			t.Fatalf("expand: %v", err)
 		}
 	})
