@@ -21,23 +21,52 @@ import (
 	"time"
 )
 
-// buildCaddyBinary builds ./cmd/caddy (Caddy with this plugin) into dir.
-func buildCaddyBinary(t *testing.T, dir string) string {
+// caddyBinary is ./cmd/caddy (Caddy with this plugin), built once for the
+// package's end-to-end tests; TestMain removes it.
+var caddyBinary struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// buildCaddyBinary returns the path of the Caddy binary, building it on the
+// first call.
+func buildCaddyBinary(t *testing.T) string {
 	t.Helper()
-	goTool := os.Getenv("GO")
-	if goTool == "" {
-		goTool = "go"
+	b := &caddyBinary
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "caddy-redis-lock-e2e-"); b.err != nil {
+			return
+		}
+		goTool := os.Getenv("GO")
+		if goTool == "" {
+			goTool = "go"
+		}
+		b.path = filepath.Join(b.dir, "caddy")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		start := time.Now()
+		out, err := exec.CommandContext(ctx, goTool, "build", "-o", b.path, "./cmd/caddy").CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
+			return
+		}
+		t.Logf("built Caddy with the plugin in %v", time.Since(start).Round(time.Millisecond))
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	bin := filepath.Join(dir, "caddy")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", bin, "./cmd/caddy")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/caddy: %v\n%s", err, out)
+	return b.path
+}
+
+// TestMain removes the Caddy binary the end-to-end tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if caddyBinary.dir != "" {
+		os.RemoveAll(caddyBinary.dir)
 	}
-	t.Logf("built Caddy with the plugin in %v", time.Since(start).Round(time.Millisecond))
-	return bin
+	os.Exit(code)
 }
 
 // caddyProcess is one running `caddy run`.
@@ -118,7 +147,7 @@ func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 		perKey = 16 // 320 requests
 		total  = keys * perKey
 	)
-	bin := buildCaddyBinary(t, t.TempDir())
+	bin := buildCaddyBinary(t)
 	srv, rdb := newRedis(t)
 
 	// The backend holds every execution until all duplicates have been
@@ -263,6 +292,98 @@ func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 		}
 		if f, _ := strconv.ParseInt(r.Header.Get("X-Fence"), 10, 64); f <= firstFence[key] {
 			t.Errorf("key %s: next fencing token %d, want above %d", key, f, firstFence[key])
+		}
+	}
+}
+
+// Idempotency across nodes: concurrent duplicates split over two Caddy
+// processes run once per key, and every retry, landing on the other node,
+// gets the stored answer; the same key with another body is 422 there too.
+func TestEndToEndIdempotencyTwoNodes(t *testing.T) {
+	t.Parallel()
+	const keys, perKey = 10, 6
+	bin := buildCaddyBinary(t)
+	srv, _ := newRedis(t)
+	var mu sync.Mutex
+	execs := map[string]int{}
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		mu.Lock()
+		execs[s.Key]++
+		n := execs[s.Key]
+		mu.Unlock()
+		time.Sleep(500 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"key":%q,"execution":%d,"fence":%q}`, s.Key, n, s.Fencing)
+	})
+	site := fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+		idempotency
+	}
+	reverse_proxy %s`, srv.Addr, be.hostPort())
+	nodes := []*caddyProcess{
+		startCaddyProcess(t, bin, "caddy-a", site),
+		startCaddyProcess(t, bin, "caddy-b", site),
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: keys * perKey}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	type answer struct {
+		node int
+		resp *response
+	}
+	answers := make(map[string][]answer)
+	var amu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range keys * perKey {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key, node := fmt.Sprintf("idem-e2e-%02d", i%keys), i%2
+			r, err := sendRequest(context.Background(), client, "POST", nodes[node].URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			amu.Lock()
+			answers[key] = append(answers[key], answer{node, r})
+			amu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for k := range keys {
+		key := fmt.Sprintf("idem-e2e-%02d", k)
+		var first *answer
+		for _, a := range answers[key] {
+			switch a.resp.Status {
+			case 200:
+				if first != nil {
+					t.Errorf("%s: two 200 answers", key)
+				}
+				first = &a
+			case http.StatusConflict:
+			default:
+				t.Errorf("%s: %s", key, a.resp)
+			}
+		}
+		if first == nil {
+			t.Fatalf("%s: no request ran", key)
+		}
+		other := nodes[1-first.node]
+		r, err := sendRequest(context.Background(), client, "POST", other.URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
+		if err != nil || r.Status != 200 || r.Body != first.resp.Body || r.Header.Get(replayedHeader) != "true" {
+			t.Errorf("%s: retry on the other node: %v %v; want the stored %q", key, r, err, first.resp.Body)
+		}
+		r, err = sendRequest(context.Background(), client, "POST", other.URL+"/pay", `{"amount":200}`, "Idempotency-Key", key)
+		if err != nil || r.Status != http.StatusUnprocessableEntity {
+			t.Errorf("%s: another body on the other node: %v %v; want 422", key, r, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for k := range keys {
+		key := fmt.Sprintf("idem-e2e-%02d", k)
+		if execs[key] != 1 {
+			t.Errorf("%s: %d executions, want 1", key, execs[key])
 		}
 	}
 }
