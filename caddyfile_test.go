@@ -173,9 +173,9 @@ func TestValidate(t *testing.T) {
 		{"idempotency header", func(h *Handler) {
 			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, FingerprintHeaders: []string{"Bad Name"}}
 		}, "not a valid header name"},
-		{"cluster", func(h *Handler) { h.Redis.Mode = ModeCluster }, `redis mode "cluster" is not supported yet`},
-		{"sentinel", func(h *Handler) { h.Redis.Mode = ModeSentinel }, `redis mode "sentinel" is not supported yet`},
-		{"redlock", func(h *Handler) { h.Redis.Mode = ModeRedlock }, `redis mode "redlock" is not supported yet`},
+		{"cluster", func(h *Handler) { h.Redis.Mode = ModeCluster }, "cluster mode needs the address of at least one node"},
+		{"sentinel", func(h *Handler) { h.Redis.Mode = ModeSentinel }, "sentinel mode needs master_name"},
+		{"redlock", func(h *Handler) { h.Redis.Mode = ModeRedlock }, "redlock mode needs an odd number of independent masters"},
 		{"two standalone addresses", func(h *Handler) { h.Redis.Addresses = []string{"a:1", "b:2"} }, "takes one address"},
 		{"tls cert without key", func(h *Handler) { h.Redis.TLS = &RedisTLS{Cert: "c.pem"} }, "cert and key go together"},
 	}

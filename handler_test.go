@@ -221,8 +221,8 @@ func TestMissingKey(t *testing.T) {
 		t.Fatalf("backend called %d times for requests without a key", be.count())
 	}
 	// The empty key must never become the shared lock "order:".
-	if keyExists(t, rdb, lock.FenceCounterKey(DefaultPrefix)) {
-		t.Fatal("a lock was taken for an empty key: a fencing token was issued")
+	if n := rdb.DBSize(context.Background()).Val(); n != 0 {
+		t.Fatalf("%d keys in Redis: a lock was taken for an empty key", n)
 	}
 	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
 		t.Fatalf("lock keys left: %v", keys)
@@ -574,8 +574,8 @@ func TestEarlyDataTooEarly(t *testing.T) {
 		t.Fatalf("early data: status %d, next called %d times; want 425 and not called", w.Code, calls)
 	}
 	expectProblem(t, &response{Status: w.Code, Header: w.Header(), Body: w.Body.String()}, http.StatusTooEarly)
-	if keyExists(t, rdb, lock.FenceCounterKey(DefaultPrefix)) {
-		t.Error("a lock was taken for a request with early data")
+	if n := rdb.DBSize(context.Background()).Val(); n != 0 {
+		t.Errorf("%d keys in Redis: a lock was taken for a request with early data", n)
 	}
 
 	w, calls = serve(&tls.ConnectionState{HandshakeComplete: true, Version: tls.VersionTLS13})
@@ -871,8 +871,8 @@ func TestHandleErrorsMode(t *testing.T) {
 	}
 }
 
-// Each prefix has its own fencing counter, <prefix>fence, holding the last
-// token issued; the released lock leaves nothing else behind.
+// Each prefix has its own fencing counters, <prefix>{<h4>}fence, holding
+// the last token issued; the released lock leaves nothing else behind.
 func TestPrefixNamesFenceCounter(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, func(h *Handler) { h.Prefix = "shop:" })
@@ -886,10 +886,14 @@ func TestPrefixNamesFenceCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if got := rdb.Get(ctx, "shop:fence").Val(); got == "" || got != sent {
-		t.Fatalf("shop:fence = %q, fencing header upstream %q: want the same token", got, sent)
+	counter := lock.CounterKey(lock.Key("shop:", "", "k-prefix"))
+	if !strings.HasPrefix(counter, "shop:{") {
+		t.Fatalf("counter %q is not under the prefix", counter)
+	}
+	if got := rdb.Get(ctx, counter).Val(); got == "" || got != sent {
+		t.Fatalf("%s = %q, fencing header upstream %q: want the same token", counter, got, sent)
 	}
 	if keys := rdb.Keys(ctx, "*").Val(); len(keys) != 1 {
-		t.Fatalf("keys after the request: %v, want only shop:fence", keys)
+		t.Fatalf("keys after the request: %v, want only %s", keys, counter)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -255,15 +256,19 @@ func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 	return srv, rdb
 }
 
-// lockKeys lists the lock keys (not the fencing counter) under prefix.
+// lockKeys lists the lock keys under prefix: not the fencing counters
+// (<prefix>{<h4>}fence) nor idempotency records.
 func lockKeys(t *testing.T, rdb *redis.Client, prefix string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	lockKey := regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `\{[0-9a-f]{4}\}[0-9a-f]{64}$`)
 	var keys []string
 	iter := rdb.Scan(ctx, 0, prefix+"{*", 100).Iterator()
 	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
+		if lockKey.MatchString(iter.Val()) {
+			keys = append(keys, iter.Val())
+		}
 	}
 	if err := iter.Err(); err != nil {
 		t.Fatalf("SCAN: %v", err)

@@ -93,6 +93,9 @@ func (c *IdempotencyConfig) fingerprints(part string) bool {
 	return c != nil && slices.Contains(c.Fingerprint, part)
 }
 
+// errClientGoneTooLong ends a request whose client left a lease ago.
+var errClientGoneTooLong = errors.New("redis_lock: the client left a lease ago and the backend has not answered")
+
 // notProcessed are the statuses that say "not processed, try again": their
 // record is removed so that a retry runs.
 func notProcessed(status int) bool {
@@ -185,12 +188,21 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
 	}
 	restrictAcceptEncoding(r)
-	// Detached from the client (its record outlives it); cancelled when
-	// the lock is lost with lost_lock abort.
-	req := r.WithContext(lk.Context())
+	// Detached from the client: its record outlives it, so that its retry
+	// gets the answer. Cancelled when the lock is lost (lost_lock abort),
+	// and one lease after the client went away: a backend that hangs must
+	// not hold the key for ever.
+	parent := lk.Context()
 	if h.LostLock == LostLockContinue {
-		req = r.WithContext(context.WithoutCancel(r.Context()))
+		parent = context.WithoutCancel(r.Context())
 	}
+	reqCtx, cancelReq := context.WithCancelCause(parent)
+	defer cancelReq(nil)
+	stopAfter := context.AfterFunc(r.Context(), func() {
+		time.AfterFunc(time.Duration(h.TTL), func() { cancelReq(errClientGoneTooLong) })
+	})
+	defer stopAfter()
+	req := r.WithContext(reqCtx)
 	nextErr := next.ServeHTTP(rec, req)
 
 	cause := context.Cause(lk.Context())
@@ -213,7 +225,15 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		_ = hw.finish()
 		hw.free()
 		return err
-	case nextErr != nil && !hw.started:
+	case nextErr != nil && hw.started:
+		// The answer broke off after it began: what was recorded is not
+		// the whole answer.
+		finish(h.unknownOutcome(), lost)
+		h.countOutcome(repl, r, lost)
+		_ = hw.finish()
+		hw.free()
+		return nextErr
+	case nextErr != nil:
 		if neverReached(nextErr) {
 			finish(nil, lost)
 			h.countOutcome(repl, r, lost)

@@ -51,6 +51,9 @@ func chargeBackend(t *testing.T) (*recorder, *atomic.Int64) {
 			}
 		case s.Path == "/pay/big":
 			io.WriteString(w, strings.Repeat("x", 5000))
+		case s.Path == "/pay/br": // a coding a replay could not decode
+			w.Header().Set("Content-Encoding", "br")
+			io.WriteString(w, "\x0b\x02\x80charge\x03")
 		case s.Path == "/pay/sse":
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprintf(w, "data: charge %d\n\n", n)
@@ -308,7 +311,7 @@ func TestIdempotencyNotReplayable(t *testing.T) {
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
 	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
-	for _, req := range []struct{ method, path string }{{"POST", "/pay/big"}, {"POST", "/pay/sse"}, {"HEAD", "/pay"}} {
+	for _, req := range []struct{ method, path string }{{"POST", "/pay/big"}, {"POST", "/pay/sse"}, {"POST", "/pay/br"}, {"HEAD", "/pay"}} {
 		key := "nr-" + req.method + req.path
 		first := s.do(req.method, req.path, "", "Idempotency-Key", key)
 		if first.Status/100 != 2 {
@@ -568,5 +571,47 @@ func TestIdempotencyLostLock(t *testing.T) {
 	}
 	if n := executions(be, "lost"); n != 1 {
 		t.Fatalf("backend ran %d times, want once", n)
+	}
+}
+
+// A client that left does not cancel its request, but a backend that hangs
+// does not hold the key for ever either: a lease after the client went away
+// the request ends, and its outcome is unknown.
+func TestIdempotencyClientGoneBackendHangs(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be, _ := chargeBackend(t)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		ttl 1s
+		redis %s
+		idempotency
+	}
+	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	left := time.Now()
+	if _, err := s.send(ctx, "POST", "/pay/hang", `{}`, "Idempotency-Key", "hung"); err == nil {
+		t.Fatal("an answer from a backend that hangs")
+	}
+	entered := be.waitEntered(t, 5*time.Second)
+	select {
+	case <-entered.Ctx.Done():
+		if d := time.Since(left); d < 900*time.Millisecond || d > 3*time.Second {
+			t.Errorf("backend request ended %v after the client left, want about the 1s lease", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend request still runs 5s after its client left")
+	}
+	var r *response
+	redistest.Eventually(t, 5*time.Second, "the stored outcome", func() bool {
+		r = s.do("POST", "/pay/hang", `{}`, "Idempotency-Key", "hung")
+		return r.Status != http.StatusConflict
+	})
+	p := expectProblem(t, r, http.StatusBadGateway)
+	if !strings.HasSuffix(p.Type, "#outcome-unknown") || r.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("retry: %s", r)
+	}
+	if n := executions(be, "hung"); n != 1 {
+		t.Fatalf("backend ran %d times", n)
 	}
 }

@@ -181,9 +181,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
 	h.client, h.poolKey = client, key
-	h.locker = lock.New(client.UniversalClient, &lock.Config{
-		OnRenew:  observeRenew,
-		FenceKey: lock.FenceCounterKey(h.Prefix),
+	h.locker = lock.NewWithBackend(client.backend, &lock.Config{
+		OnRenew: observeRenew,
 		// One attempt and at most one retry, pool wait and dial included;
 		// a release holds the end of a response for at most one.
 		CallTimeout:    2 * time.Duration(rc.Timeout),

@@ -100,7 +100,10 @@ func (w *recordingWriter) response() *record.Response {
 	r := &record.Response{Outcome: record.Replayable, Status: status, Header: header, Body: w.body.Bytes()}
 	streamed := status == http.StatusSwitchingProtocols ||
 		strings.HasPrefix(strings.ToLower(header.Get("Content-Type")), "text/event-stream")
-	if w.head || w.overflow || streamed {
+	// A body in a coding a replay could not decode for another client.
+	undecodable := !slices.Contains(decodableEncodings, strings.ToLower(header.Get("Content-Encoding"))) &&
+		header.Get("Content-Encoding") != ""
+	if w.head || w.overflow || streamed || undecodable {
 		r.Outcome, r.Body = record.NotReplayable, nil
 	}
 	return r

@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // tlsConfig builds the client TLS configuration; nil without TLS.
@@ -47,15 +49,75 @@ func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// newClient builds the go-redis client for a resolved config. It does not
-// connect: go-redis dials lazily and reconnects by itself.
-func newClient(c *RedisConfig) (redis.UniversalClient, error) {
+// newBackend builds the lock backend of a resolved config and what closes
+// it. It does not connect: go-redis dials lazily and reconnects by itself.
+func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 	tlsCfg, err := c.TLS.tlsConfig()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:      c.Addresses[0],
+	switch c.Mode {
+	case ModeSentinel:
+		// A failover client follows the Sentinels' +switch-master and
+		// reconnects to the new primary, with no restart.
+		return pipelined(redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:       c.MasterName,
+			SentinelAddrs:    c.Addresses,
+			SentinelPassword: c.SentinelPassword,
+			Username:         c.Username,
+			Password:         c.Password,
+			DB:               c.DB,
+			TLSConfig:        tlsCfg,
+			PoolSize:         c.PoolSize,
+			DialTimeout:      time.Duration(c.DialTimeout),
+			ReadTimeout:      time.Duration(c.Timeout),
+			WriteTimeout:     time.Duration(c.Timeout),
+			MaxRetries:       1,
+			DialerRetries:    1,
+
+			ContextTimeoutEnabled: true,
+		}))
+	case ModeCluster:
+		// The cluster client routes each script to the node of its keys'
+		// slot (a lock, its counter and its record share one), and follows
+		// MOVED and ASK redirects and failovers.
+		return pipelined(redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:         c.Addresses,
+			Username:      c.Username,
+			Password:      c.Password,
+			TLSConfig:     tlsCfg,
+			PoolSize:      c.PoolSize,
+			DialTimeout:   time.Duration(c.DialTimeout),
+			ReadTimeout:   time.Duration(c.Timeout),
+			WriteTimeout:  time.Duration(c.Timeout),
+			MaxRetries:    1,
+			DialerRetries: 1,
+
+			ContextTimeoutEnabled: true,
+		}))
+	case ModeRedlock:
+		var nodes []lock.Backend
+		var closers []func() error
+		for _, addr := range c.Addresses {
+			b, closeNode, err := pipelined(redis.NewClient(standaloneOptions(c, addr, tlsCfg)))
+			if err != nil {
+				return nil, nil, errors.Join(err, closeAll(closers)())
+			}
+			nodes, closers = append(nodes, b), append(closers, closeNode)
+		}
+		rl, err := lock.NewRedlockOf(nodes, c.Addresses)
+		if err != nil {
+			return nil, nil, errors.Join(err, closeAll(closers)())
+		}
+		return rl, closeAll(closers), nil
+	}
+	return pipelined(redis.NewClient(standaloneOptions(c, c.Addresses[0], tlsCfg)))
+}
+
+// standaloneOptions are the options of a client of one server.
+func standaloneOptions(c *RedisConfig, addr string, tlsCfg *tls.Config) *redis.Options {
+	return &redis.Options{
+		Addr:      addr,
 		Username:  c.Username,
 		Password:  c.Password,
 		DB:        c.DB,
@@ -73,38 +135,47 @@ func newClient(c *RedisConfig) (redis.UniversalClient, error) {
 		// never applies twice.
 		MaxRetries:    1,
 		DialerRetries: 1,
-	})
-	// Concurrent requests' lock commands share write and read system calls
-	// through go-redis's automatic pipelining, which costs Redis much less
-	// CPU per request than one round trip per command (bench/README.md).
-	// The deferred face, because a command queued in a pipeline is sent
-	// whatever its context says: the lock library waits on each command's
-	// future and gives up at its own deadline (lock.Config.CallTimeout).
+	}
+}
+
+// asyncPipeliner is a go-redis client that has a deferred autopipeliner.
+type asyncPipeliner interface {
+	redis.UniversalClient
+	AsyncAutoPipelineWithOptions(*redis.AutoPipelineOptions) (*redis.AutoPipeliner, error)
+}
+
+// pipelined is the lock backend of rdb through its deferred autopipeliner.
+// Concurrent requests' lock commands share write and read system calls
+// that way, which costs Redis much less CPU per request than one round trip
+// per command (bench/README.md). The deferred face, because a command
+// queued in a pipeline is sent whatever its context says: the lock library
+// waits on each command's future and gives up at its own deadline
+// (lock.Config.CallTimeout).
+func pipelined(rdb asyncPipeliner) (lock.Backend, func() error, error) {
 	opt := redis.DefaultBlockingAutoPipelineOptions()
 	// A Redis that stops answering must not queue commands without end:
 	// past this many, a request gets 503 at once.
 	opt.MaxQueuedCommands = maxQueuedCommands
 	ap, err := rdb.AsyncAutoPipelineWithOptions(opt)
 	if err != nil {
-		rdb.Close()
-		return nil, err
+		return nil, nil, errors.Join(err, rdb.Close())
 	}
-	return pipelinedClient{ap, rdb}, nil
+	return lock.NewRedis(ap), func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
+}
+
+// closeAll closes each of closers.
+func closeAll(closers []func() error) func() error {
+	return func() error {
+		var errs []error
+		for _, c := range closers {
+			errs = append(errs, c())
+		}
+		return errors.Join(errs...)
+	}
 }
 
 // maxQueuedCommands bounds the commands waiting in a client's pipeline.
 const maxQueuedCommands = 10000
-
-// pipelinedClient is the autopipeliner with a Close that closes the client
-// underneath too (closing the autopipeliner alone leaves it open).
-type pipelinedClient struct {
-	*redis.AutoPipeliner
-	base *redis.Client
-}
-
-func (p pipelinedClient) Close() error {
-	return errors.Join(p.AutoPipeliner.Close(), p.base.Close())
-}
 
 // goRedisLogger sends go-redis's own messages (dial failures, ...) to Caddy's
 // log instead of stderr. They are debug-level: the handler already warns
@@ -122,12 +193,13 @@ var setGoRedisLogger sync.Once
 // clients shares Redis clients between handlers and config reloads.
 var clients = caddy.NewUsagePool()
 
-// pooledClient is a client shared through clients. A config reload that
-// changes the Redis settings retires it (Destruct), but requests of the old
-// config may still hold locks taken through it: it stays open until the
-// last of them is released.
+// pooledClient is a lock backend (and its clients) shared through clients.
+// A config reload that changes the Redis settings retires it (Destruct), but
+// requests of the old config may still hold locks taken through it: it
+// stays open until the last of them is released.
 type pooledClient struct {
-	redis.UniversalClient
+	backend  lock.Backend
+	close    func() error
 	mu       sync.Mutex
 	inFlight int  // requests between hold and done
 	retired  bool // Destruct was called
@@ -147,7 +219,7 @@ func (p *pooledClient) done() {
 	last := p.retired && p.inFlight == 0
 	p.mu.Unlock()
 	if last {
-		_ = p.Close()
+		_ = p.close()
 	}
 }
 
@@ -159,7 +231,7 @@ func (p *pooledClient) Destruct() error {
 	idle := p.inFlight == 0
 	p.mu.Unlock()
 	if idle {
-		return p.Close()
+		return p.close()
 	}
 	return nil
 }
@@ -170,11 +242,11 @@ func acquireClient(c *RedisConfig) (*pooledClient, string, error) {
 	setGoRedisLogger.Do(func() { redis.SetLogger(goRedisLogger{caddy.Log().Named("redis_lock.go-redis")}) })
 	key := c.poolKey()
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		rdb, err := newClient(c)
+		b, closeFn, err := newBackend(c)
 		if err != nil {
 			return nil, err
 		}
-		return &pooledClient{UniversalClient: rdb}, nil
+		return &pooledClient{backend: b, close: closeFn}, nil
 	})
 	if err != nil {
 		return nil, "", err

@@ -2,10 +2,14 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
@@ -36,14 +40,20 @@ func TestClientPool(t *testing.T) {
 	if !loaded {
 		t.Fatal("no pooled client for the handlers' key")
 	}
-	rdb := shared.(*pooledClient).UniversalClient
+	backend := shared.(*pooledClient).backend
+	try := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := backend.TryAcquire(ctx, "k", "token", time.Second)
+		return err
+	}
 	a.Cleanup()
-	if err := rdb.Ping(context.Background()).Err(); err != nil && err.Error() == "redis: client is closed" {
+	if err := try(); errors.Is(err, redis.ErrClosed) {
 		t.Fatal("client closed while another handler still uses it")
 	}
 	b.Cleanup()
-	if err := rdb.Ping(context.Background()).Err(); err == nil || err.Error() != "redis: client is closed" {
-		t.Fatalf("after the last Cleanup: ping error %v, want the client closed", err)
+	if err := try(); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("after the last Cleanup: %v, want the client closed", err)
 	}
 	c.Cleanup()
 	if err := a.Cleanup(); err != nil {
@@ -51,17 +61,42 @@ func TestClientPool(t *testing.T) {
 	}
 }
 
-func TestUnsupportedModeFailsProvision(t *testing.T) {
+// Every mode provisions without contacting Redis (nothing listens on these
+// addresses), and a config a mode cannot use fails validation.
+func TestModesProvision(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	for _, mode := range []string{ModeCluster, ModeSentinel, ModeRedlock} {
-		h := &Handler{Key: "k", Redis: &RedisConfig{Mode: mode}}
-		err := h.Provision(ctx)
-		if err == nil || err.Error() != `redis_lock: redis mode "`+mode+`" is not supported yet` {
-			t.Errorf("%s: Provision error %v", mode, err)
+	for _, rc := range []*RedisConfig{
+		{Mode: ModeStandalone, Addresses: []string{"127.0.0.1:1"}},
+		{Mode: ModeSentinel, MasterName: "m", Addresses: []string{"127.0.0.1:1", "127.0.0.1:2"}},
+		{Mode: ModeCluster, Addresses: []string{"127.0.0.1:1"}},
+		{Mode: ModeRedlock, Addresses: []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}},
+	} {
+		h := &Handler{Key: "k", Redis: rc, Idempotency: &IdempotencyConfig{}}
+		if err := h.Provision(ctx); err != nil {
+			t.Errorf("%s: Provision: %v", rc.Mode, err)
+			continue
 		}
-		if h.poolKey != "" {
-			t.Errorf("%s: a client was pooled for an unsupported mode", mode)
+		if err := h.Validate(); err != nil {
+			t.Errorf("%s: Validate: %v", rc.Mode, err)
+		}
+		h.Cleanup()
+	}
+	for _, tc := range []struct {
+		rc   RedisConfig
+		want string
+	}{
+		{RedisConfig{Addresses: []string{"a:1", "b:2"}}, "standalone mode takes one address"},
+		{RedisConfig{Mode: ModeSentinel, Addresses: []string{"a:1"}}, "needs master_name"},
+		{RedisConfig{Mode: ModeSentinel, MasterName: "m"}, "needs the Sentinels' addresses"},
+		{RedisConfig{Mode: ModeCluster}, "at least one node"},
+		{RedisConfig{Mode: ModeCluster, Addresses: []string{"a:1"}, DB: 2}, "only db 0"},
+		{RedisConfig{Mode: ModeRedlock, Addresses: []string{"a:1", "b:2"}}, "odd number of independent masters"},
+		{RedisConfig{Mode: ModeRedlock, Addresses: []string{"a:1", "b:2", "c:3", "d:4"}}, "odd number"},
+		{RedisConfig{MasterName: "m"}, "for sentinel mode"},
+	} {
+		if err := tc.rc.validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.rc, err, tc.want)
 		}
 	}
 }

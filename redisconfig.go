@@ -32,8 +32,11 @@ const (
 type RedisConfig struct {
 	// Addresses are host:port pairs. Default: ["127.0.0.1:6379"].
 	Addresses []string `json:"addresses,omitempty"`
-	// Mode is standalone, cluster, sentinel or redlock. Only standalone is
-	// supported yet. Default: standalone.
+	// Mode is standalone (one server; Addresses holds it), sentinel (a
+	// primary that Sentinels fail over; Addresses holds the Sentinels),
+	// cluster (a Redis Cluster; Addresses holds some of its nodes) or
+	// redlock (an odd number, at least 3, of independent masters, all in
+	// Addresses). Default: standalone.
 	Mode string `json:"mode,omitempty"`
 	// MasterName is the Sentinel master name (sentinel mode).
 	MasterName string `json:"master_name,omitempty"`
@@ -72,15 +75,35 @@ type RedisTLS struct {
 
 // validate checks what can be checked before placeholders are resolved.
 func (c *RedisConfig) validate() error {
+	n := len(c.Addresses)
 	switch c.Mode {
 	case "", ModeStandalone:
-	case ModeCluster, ModeSentinel, ModeRedlock:
-		return fmt.Errorf("redis mode %q is not supported yet", c.Mode)
+		if n > 1 {
+			return fmt.Errorf("standalone mode takes one address, got %d (several masters: mode redlock; a cluster: mode cluster)", n)
+		}
+	case ModeSentinel:
+		if c.MasterName == "" {
+			return fmt.Errorf("sentinel mode needs master_name")
+		}
+		if n == 0 {
+			return fmt.Errorf("sentinel mode needs the Sentinels' addresses")
+		}
+	case ModeCluster:
+		if n == 0 {
+			return fmt.Errorf("cluster mode needs the address of at least one node")
+		}
+		if c.DB != 0 {
+			return fmt.Errorf("cluster mode has only db 0, got %d", c.DB)
+		}
+	case ModeRedlock:
+		if n < 3 || n%2 == 0 {
+			return fmt.Errorf("redlock mode needs an odd number of independent masters, at least 3, got %d", n)
+		}
 	default:
 		return fmt.Errorf("unknown redis mode %q (want standalone, cluster, sentinel or redlock)", c.Mode)
 	}
-	if len(c.Addresses) > 1 {
-		return fmt.Errorf("standalone mode takes one address, got %d", len(c.Addresses))
+	if c.Mode != ModeSentinel && (c.MasterName != "" || c.SentinelPassword != "") {
+		return fmt.Errorf("master_name and sentinel_password are for sentinel mode")
 	}
 	if c.DB < 0 {
 		return fmt.Errorf("db must not be negative, got %d", c.DB)

@@ -8,7 +8,8 @@ import (
 func TestRedisConfigSecrets(t *testing.T) {
 	t.Setenv("REDISLOCK_TEST_PASSWORD", "hunter2")
 	t.Setenv("REDISLOCK_TEST_ADDR", "127.0.0.1:7777")
-	c := &RedisConfig{Addresses: []string{"{env.REDISLOCK_TEST_ADDR}"}, Password: "{env.REDISLOCK_TEST_PASSWORD}", SentinelPassword: "s3cret"}
+	c := &RedisConfig{Mode: ModeSentinel, MasterName: "m", Addresses: []string{"{env.REDISLOCK_TEST_ADDR}"},
+		Password: "{env.REDISLOCK_TEST_PASSWORD}", SentinelPassword: "s3cret"}
 	rc, err := c.resolve()
 	if err != nil {
 		t.Fatal(err)

@@ -101,7 +101,7 @@ func TestFencingHeaderCannotBeForged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fence, err := rdb.Get(context.Background(), lock.FenceCounterKey(DefaultPrefix)).Int64()
+	fence, err := rdb.Get(context.Background(), lock.CounterKey(lock.Key(DefaultPrefix, "", "k2"))).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,23 +14,34 @@ import (
 
 func TestKeyKnownVector(t *testing.T) {
 	// printf 'idem\0abc-123' | sha256sum
-	const want = "redis_lock:{e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760}"
+	const want = "redis_lock:{e986}e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760"
 	if got := Key(DefaultPrefix, "idem", "abc-123"); got != want {
 		t.Fatalf("Key = %q, want %q", got, want)
 	}
 	// printf '\0' | sha256sum: empty scope and name still hash the separator.
-	if got := Key("p:", "", ""); got != "p:{6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d}" {
+	if got := Key("p:", "", ""); got != "p:{6e34}6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d" {
 		t.Fatalf("Key(empty) = %q", got)
 	}
 	// The separator keeps (scope, name) pairs apart.
 	if Key("", "ab", "c") == Key("", "a", "bc") {
 		t.Fatal("Key does not separate scope from name")
 	}
-	if !regexp.MustCompile(`^x\{[0-9a-f]{64}\}$`).MatchString(Key("x", "s", "N")) {
-		t.Fatalf("Key is not prefix{lowercase hex sha256}: %q", Key("x", "s", "N"))
+	k := Key("x", "s", "N")
+	if m := regexp.MustCompile(`^x\{([0-9a-f]{4})\}([0-9a-f]{64})$`).FindStringSubmatch(k); m == nil || m[1] != m[2][:4] {
+		t.Fatalf("Key is not prefix{h[:4]}h with h the lowercase hex sha256: %q", k)
 	}
-	if got := FenceCounterKey("p:"); got != "p:fence" {
-		t.Fatalf("FenceCounterKey = %q", got)
+	// The counter shares the lock's hash tag; keys without one share one.
+	for key, want := range map[string]string{
+		"p:{6e34}6e340b9c":    "p:{6e34}fence",
+		"p:{6e34}6e34:result": "p:{6e34}fence",
+		"plain-key":           UntaggedCounterKey,
+		"p:{}x":               UntaggedCounterKey,
+		"p:{unclosed":         UntaggedCounterKey,
+		"{a}b{c}":             "{a}fence",
+	} {
+		if got := CounterKey(key); got != want {
+			t.Errorf("CounterKey(%q) = %q, want %q", key, got, want)
+		}
 	}
 }
 
@@ -180,7 +191,7 @@ func TestAcquireKeyLayout(t *testing.T) {
 		t.Fatalf("lock PTTL = %v, want about 1m", pttl)
 	}
 	// The fencing counter: the last token issued, never expiring.
-	fk := FenceCounterKey(DefaultPrefix)
+	fk := CounterKey(key)
 	n, err := rdb.Get(ctx, fk).Int64()
 	if err != nil || n != l.Fence() {
 		t.Fatalf("GET %s = %d, %v; want the fence %d", fk, n, err, l.Fence())
@@ -192,33 +203,43 @@ func TestAcquireKeyLayout(t *testing.T) {
 	if len(keys) != 2 {
 		t.Fatalf("keys in Redis: %v, want the lock and the counter", keys)
 	}
-	// Released, the lock leaves only the counter behind: one key however
-	// many keys were locked.
+	// Released, locks leave only counters behind: at most one per hash
+	// tag, however many keys were locked.
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 50 {
+	const locks = 3000
+	for i := range locks {
 		l := mustAcquire(t, New(rdb, nil), Key("app:", "idem", strconv.Itoa(i)), Options{TTL: time.Minute})
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if keys := rdb.Keys(ctx, "*").Val(); len(keys) != 1 || keys[0] != fk {
-		t.Fatalf("keys in Redis after 51 released locks: %v, want only %s", keys, fk)
+	keys = rdb.Keys(ctx, "*").Val()
+	for _, k := range keys {
+		if !regexp.MustCompile(`^app:\{[0-9a-f]{4}\}fence$`).MatchString(k) {
+			t.Fatalf("key %q left after the locks were released", k)
+		}
+	}
+	// 3001 keys over 65,536 tags: about 2,935 distinct counters.
+	if len(keys) < 2800 || len(keys) > locks+1 {
+		t.Fatalf("%d counters after %d keys, want one per hash tag used", len(keys), locks+1)
 	}
 }
 
-// Config.FenceKey names the counter; the handler gives each prefix its own.
-func TestFenceKeyConfig(t *testing.T) {
+// The number of counters is bounded by the 65,536 hash tags per prefix,
+// not by the keys ever locked: two keys with one tag share one counter.
+func TestCountersShareHashTag(t *testing.T) {
 	_, rdb := startRedis(t)
 	ctx := ctxT(t)
-	c := New(rdb, &Config{FenceKey: FenceCounterKey("app:")})
-	l := mustAcquire(t, c, Key("app:", "", "k"), Options{TTL: time.Minute})
-	if n, err := rdb.Get(ctx, "app:fence").Int64(); err != nil || n != l.Fence() {
-		t.Fatalf("GET app:fence = %d, %v; want %d", n, err, l.Fence())
+	c := New(rdb, nil)
+	a := mustAcquire(t, c, "app:{beef}one", Options{TTL: time.Minute})
+	b := mustAcquire(t, c, "app:{beef}two", Options{TTL: time.Minute})
+	if b.Fence() <= a.Fence() {
+		t.Fatalf("fences %d then %d under one counter", a.Fence(), b.Fence())
 	}
-	if rdb.Exists(ctx, FenceCounterKey(DefaultPrefix)).Val() != 0 {
-		t.Fatal("the default counter was written too")
+	if keys := rdb.Keys(ctx, "app:{beef}fence").Val(); len(keys) != 1 {
+		t.Fatalf("counters: %v", keys)
 	}
 }
 
@@ -238,7 +259,7 @@ func TestRawNamesNotInRedisKeys(t *testing.T) {
 				t.Fatalf("Redis key %q contains the raw %q", k, raw)
 			}
 		}
-		if !strings.HasPrefix(k, DefaultPrefix+"{") && k != FenceCounterKey(DefaultPrefix) {
+		if !strings.HasPrefix(k, DefaultPrefix+"{") {
 			t.Fatalf("Redis key %q is neither a lock nor the counter", k)
 		}
 	}
@@ -271,7 +292,7 @@ func TestFenceStrictlyIncreases(t *testing.T) {
 	// The counter is lost (FLUSHALL, a failover that missed it): the next
 	// token, from the Redis clock, is still larger.
 	for i := range 5 {
-		if err := rdb.Del(ctx, c.Backend().(*Redis).FenceKey()).Err(); err != nil {
+		if err := rdb.Del(ctx, CounterKey(key)).Err(); err != nil {
 			t.Fatal(err)
 		}
 		cycle("after DEL " + strconv.Itoa(i))
@@ -293,7 +314,7 @@ func TestFenceContinuesCounterAheadOfClock(t *testing.T) {
 	c := New(rdb, nil)
 	key := testKey(t)
 	const ahead = 9_000_000_000_000_000 // year 2255 in µs
-	fk := c.Backend().(*Redis).FenceKey()
+	fk := CounterKey(key)
 	// With a TTL, as if someone had set one: the counter must not keep it.
 	if err := rdb.Set(ctx, fk, ahead, time.Minute).Err(); err != nil {
 		t.Fatal(err)
@@ -368,7 +389,7 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 	if f2 != f1 {
 		t.Fatalf("retried acquire got fence %d, first %d: a second token was issued", f2, f1)
 	}
-	if n, _ := rdb.Get(ctx, c.Backend().(*Redis).FenceKey()).Int64(); n != f1 {
+	if n, _ := rdb.Get(ctx, CounterKey(key)).Int64(); n != f1 {
 		t.Fatalf("counter = %d after retry, want %d", n, f1)
 	}
 	// Another token is still refused.
@@ -391,7 +412,7 @@ func TestAcquireScriptFileRetry(t *testing.T) {
 	ctx := ctxT(t)
 	src := readScript(t, "take.lua") + readScript(t, "acquire.lua")
 	key := testKey(t)
-	keys := []string{key, FenceCounterKey("test:")}
+	keys := []string{key, CounterKey(key)}
 	// run returns the fencing token (a string reply) or the PTTL (an
 	// integer reply).
 	run := func(token string) (fence string, pttl int64) {

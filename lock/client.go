@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -42,10 +43,6 @@ type Options struct {
 
 // Config for a Client.
 type Config struct {
-	// FenceKey is the fencing counter of the Redis backend that New makes:
-	// the last fencing token issued, one key for all its locks, with no
-	// TTL. Default: FenceCounterKey(DefaultPrefix), "redis_lock:fence".
-	FenceKey string
 	// CallTimeout bounds each acquire attempt and each refresh: waiting in
 	// a pipeline queue, for a pooled connection, dialling and any retry
 	// included. Default 0: only the caller's context and the Redis client's
@@ -80,11 +77,7 @@ type Client struct {
 // retry a command after a network error; every command here is idempotent
 // for its own token, so a retry never applies twice.
 func New(rdb redis.UniversalClient, cfg *Config) *Client {
-	var fenceKey string
-	if cfg != nil {
-		fenceKey = cfg.FenceKey
-	}
-	return NewWithBackend(NewRedis(rdb, fenceKey), cfg)
+	return NewWithBackend(NewRedis(rdb), cfg)
 }
 
 // NewWithBackend returns a Client on b.
@@ -106,10 +99,11 @@ func NewWithBackend(b Backend, cfg *Config) *Client {
 // Backend is the backend the Client takes its locks on.
 func (c *Client) Backend() Backend { return c.b }
 
-// Key builds the Redis key for a lock: prefix + "{" + hex(sha256(scope + NUL +
-// name)) + "}". Hashing keeps client data out of Redis key names and keys
-// fixed-length; the braces are a Cluster hash tag, so the lock and its
-// idempotency result share a slot.
+// Key builds the Redis key for a lock: prefix + "{" + h[:4] + "}" + h, where
+// h is the hex SHA-256 of scope + NUL + name. Hashing keeps client data out
+// of Redis key names and keys fixed-length. The braces are a Cluster hash
+// tag: the lock, its fencing counter (CounterKey) and an idempotency record
+// share a slot, and the 65,536 tags spread the locks over every slot.
 func Key(prefix, scope, name string) string {
 	h := sha256.New()
 	h.Write([]byte(scope))
@@ -118,12 +112,30 @@ func Key(prefix, scope, name string) string {
 	var sum [sha256.Size]byte
 	var hexed [2 * sha256.Size]byte
 	hex.Encode(hexed[:], h.Sum(sum[:0]))
-	return prefix + "{" + string(hexed[:]) + "}"
+	return prefix + "{" + string(hexed[:4]) + "}" + string(hexed[:])
 }
 
-// FenceCounterKey is the fencing counter of the locks under prefix. It
-// cannot collide with a lock key, whose name after the prefix is in braces.
-func FenceCounterKey(prefix string) string { return prefix + "fence" }
+// UntaggedCounterKey is the fencing counter of lock keys without a Cluster
+// hash tag (keys not made by Key): one for all of them, which a Redis
+// Cluster cannot use with the lock in one script.
+const UntaggedCounterKey = "redis_lock:fence"
+
+// CounterKey is the fencing counter of a lock key: the key up to the end of
+// its hash tag, then "fence" (prefix{h4}fence for a key from Key), so that
+// it shares the lock's slot. Counters are few (at most 65,536 per prefix)
+// and have no TTL; each lock key has exactly one, so its tokens strictly
+// increase. A key without a hash tag has UntaggedCounterKey.
+func CounterKey(lockKey string) string {
+	open := strings.IndexByte(lockKey, '{')
+	if open < 0 {
+		return UntaggedCounterKey
+	}
+	end := strings.IndexByte(lockKey[open+1:], '}')
+	if end <= 0 { // no tag, or an empty one: Redis hashes the whole key
+		return UntaggedCounterKey
+	}
+	return lockKey[:open+1+end+1] + "fence"
+}
 
 // Acquire takes the lock named key (a full Redis key, such as one from Key)
 // for opt.TTL. The returned lock's Context is derived from ctx and is

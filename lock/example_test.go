@@ -33,11 +33,12 @@ func ExampleKey() {
 	// Client data (an Idempotency-Key) never appears in Redis key names.
 	key := lock.Key(lock.DefaultPrefix, "idem", "abc-123")
 	fmt.Println(key)
-	// One fencing counter serves every lock under the prefix.
-	fmt.Println(lock.FenceCounterKey(lock.DefaultPrefix))
+	// Its fencing counter shares its Cluster hash tag: at most 65,536
+	// counters per prefix, however many keys are locked.
+	fmt.Println(lock.CounterKey(key))
 	// Output:
-	// redis_lock:{e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760}
-	// redis_lock:fence
+	// redis_lock:{e986}e986f6af1489bb794e6f0da5d0d1748f2de3714348952ac2aba611289f3f5760
+	// redis_lock:{e986}fence
 }
 
 func ExampleClient_Acquire() {

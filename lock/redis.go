@@ -14,34 +14,26 @@ import (
 // hash whose one field is the holder's token (its value the fencing token),
 // so that release is the native HDEL; acquire and refresh are Lua scripts.
 type Redis struct {
-	rdb      redis.UniversalClient
-	async    submitter // rdb as a deferred autopipeliner, else nil
-	fenceKey string
+	rdb   redis.UniversalClient
+	async submitter // rdb as a deferred autopipeliner, else nil
 }
 
-// NewRedis returns the Backend of rdb, whose fencing counter is fenceKey
-// (default FenceCounterKey(DefaultPrefix)). For context deadlines to bound
-// each call, create rdb with ContextTimeoutEnabled. A deferred autopipeliner
+// NewRedis returns the Backend of rdb. For context deadlines to bound each
+// call, create rdb with ContextTimeoutEnabled. A deferred autopipeliner
 // (AsyncAutoPipeline) shares round trips between concurrent callers, and
 // each call still gives up waiting at its deadline.
-func NewRedis(rdb redis.UniversalClient, fenceKey string) *Redis {
-	r := &Redis{rdb: rdb, fenceKey: fenceKey}
-	if r.fenceKey == "" {
-		r.fenceKey = FenceCounterKey(DefaultPrefix)
-	}
+func NewRedis(rdb redis.UniversalClient) *Redis {
+	r := &Redis{rdb: rdb}
 	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
 		r.async = s
 	}
 	return r
 }
 
-// FenceKey is the fencing counter.
-func (r *Redis) FenceKey() string { return r.fenceKey }
-
 // TryAcquire runs the acquire script: the lock and its fencing token, or the
 // holder's remaining lease.
 func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	cmd, err := r.Run(ctx, acquireScript, []string{key, r.fenceKey}, token, ttl.Milliseconds())
+	cmd, err := r.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds())
 	if err != nil {
 		return 0, classify(ctx, err)
 	}
@@ -89,6 +81,16 @@ func (r *Redis) Release(ctx context.Context, key, token string) error {
 	}
 	if cmd.Val() != 1 {
 		return ErrNotHeld
+	}
+	return nil
+}
+
+// RaiseFence sets the fencing counter of key to fence unless it is already
+// at or above it: Redlock writes the winning token back to a majority, so
+// that every later majority issues larger ones.
+func (r *Redis) RaiseFence(ctx context.Context, key string, fence int64) error {
+	if _, err := r.Run(ctx, raiseScript, []string{CounterKey(key)}, strconv.FormatInt(fence, 10)); err != nil {
+		return classify(ctx, err)
 	}
 	return nil
 }

@@ -26,6 +26,10 @@ var (
 	//go:embed refresh.lua
 	refreshSrc    string
 	refreshScript = NewScript(refreshSrc)
+
+	//go:embed raise.lua
+	raiseSrc    string
+	raiseScript = NewScript(raiseSrc)
 )
 
 // Script is a Lua script and its SHA1, the name EVALSHA knows it by.

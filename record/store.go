@@ -31,19 +31,34 @@ func (e *CompletedError) Error() string {
 // hash tag, so that one script can touch both.
 func Key(lockKey string) string { return lockKey + ":result" }
 
-// Store keeps records beside the locks of a Client on one Redis deployment.
+// Store keeps records beside the locks of a Client: on one Redis deployment,
+// or on every master of a Redlock, where a record is written to all of them
+// and a completion counts once a majority has it.
 type Store struct {
-	c *lock.Client
-	r *lock.Redis
+	c      *lock.Client
+	nodes  []*lock.Redis
+	names  []string
+	quorum int
 }
 
-// NewStore returns the Store of c, whose Backend must be a *lock.Redis.
+// NewStore returns the Store of c, whose Backend is a *lock.Redis or a
+// *lock.Redlock of them.
 func NewStore(c *lock.Client) (*Store, error) {
-	r, ok := c.Backend().(*lock.Redis)
-	if !ok {
-		return nil, fmt.Errorf("record: a Store needs a lock.Client on one Redis deployment, not %T", c.Backend())
+	switch b := c.Backend().(type) {
+	case *lock.Redis:
+		return &Store{c: c, nodes: []*lock.Redis{b}, names: []string{"redis"}, quorum: 1}, nil
+	case *lock.Redlock:
+		s := &Store{c: c, names: b.Names(), quorum: b.Quorum()}
+		for _, n := range b.Nodes() {
+			r, ok := n.(*lock.Redis)
+			if !ok {
+				return nil, fmt.Errorf("record: a Redlock master of type %T", n)
+			}
+			s.nodes = append(s.nodes, r)
+		}
+		return s, nil
 	}
-	return &Store{c: c, r: r}, nil
+	return nil, fmt.Errorf("record: a Store needs a lock.Client on Redis or Redlock, not %T", c.Backend())
 }
 
 // Begin starts the request with fingerprint under key (a lock key), in one
@@ -58,7 +73,18 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 	if len(fingerprint) != fingerprintLen {
 		return nil, fmt.Errorf("record: fingerprint of %d characters, want %d", len(fingerprint), fingerprintLen)
 	}
-	return s.c.AcquireWith(ctx, &begin{s: s, fingerprint: fingerprint}, key, opt)
+	if len(s.nodes) == 1 {
+		return s.c.AcquireWith(ctx, &begin{node: s.nodes[0], fingerprint: fingerprint}, key, opt)
+	}
+	nodes := make([]lock.Backend, len(s.nodes))
+	for i, n := range s.nodes {
+		nodes[i] = &begin{node: n, fingerprint: fingerprint}
+	}
+	rl, err := lock.NewRedlockOf(nodes, s.names)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.AcquireWith(ctx, rl, key, opt)
 }
 
 // Complete stores resp as the outcome of lk's request for retention and
@@ -70,15 +96,41 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
 	defer cancel()
-	cmd, err := s.r.Run(rctx, completeScript, []string{lk.Key(), Key(lk.Key())},
-		lk.Token(), retention.Milliseconds(), encode(fingerprint, resp))
-	if err != nil {
-		return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
+	value := encode(fingerprint, resp)
+	type result struct {
+		stored bool
+		err    error
 	}
-	if n, _ := cmd.Int64(); n != 1 {
-		return ErrNotStored
+	results := make(chan result, len(s.nodes))
+	for i, n := range s.nodes {
+		go func() {
+			cmd, err := n.Run(rctx, completeScript, []string{lk.Key(), Key(lk.Key())},
+				lk.Token(), retention.Milliseconds(), value)
+			if err != nil {
+				results <- result{err: &lock.NodeError{Node: s.names[i], Err: err}}
+				return
+			}
+			v, _ := cmd.Int64()
+			results <- result{stored: v == 1}
+		}()
 	}
-	return nil
+	stored := 0
+	var errs []error
+	for range s.nodes {
+		r := <-results
+		if r.err != nil {
+			errs = append(errs, r.err)
+		} else if r.stored {
+			stored++
+		}
+	}
+	switch {
+	case stored >= s.quorum:
+		return nil
+	case len(errs) > 0:
+		return fmt.Errorf("%w: stored on %d of %d: %w", lock.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
+	}
+	return ErrNotStored
 }
 
 // Abandon gives up lk's request with nothing to keep (the backend was never
@@ -95,15 +147,15 @@ func classify(ctx context.Context, err error) error {
 	return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
 }
 
-// begin is the Backend of one Begin: the lock taken with the record, and
-// refreshed and released with it.
+// begin is the Backend of one Begin on one Redis: the lock taken with the
+// record, and refreshed and released with it.
 type begin struct {
-	s           *Store
+	node        *lock.Redis
 	fingerprint string
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	cmd, err := b.s.r.Run(ctx, beginScript, []string{key, b.s.r.FenceKey(), Key(key)},
+	cmd, err := b.node.Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)},
 		token, ttl.Milliseconds(), b.fingerprint)
 	if err != nil {
 		return 0, classify(ctx, err)
@@ -124,7 +176,7 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 }
 
 func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	cmd, err := b.s.r.Run(ctx, refreshScript, []string{key, Key(key)}, token, ttl.Milliseconds())
+	cmd, err := b.node.Run(ctx, refreshScript, []string{key, Key(key)}, token, ttl.Milliseconds())
 	if err != nil {
 		return classify(ctx, err)
 	}
@@ -135,7 +187,7 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 }
 
 func (b *begin) Release(ctx context.Context, key, token string) error {
-	cmd, err := b.s.r.Run(ctx, abandonScript, []string{key, Key(key)}, token)
+	cmd, err := b.node.Run(ctx, abandonScript, []string{key, Key(key)}, token)
 	if err != nil {
 		return classify(ctx, err)
 	}
@@ -143,6 +195,11 @@ func (b *begin) Release(ctx context.Context, key, token string) error {
 		return lock.ErrNotHeld
 	}
 	return nil
+}
+
+// RaiseFence lets a Redlock write its winning token back to this master.
+func (b *begin) RaiseFence(ctx context.Context, key string, fence int64) error {
+	return b.node.RaiseFence(ctx, key, fence)
 }
 
 var _ lock.Backend = (*begin)(nil)

@@ -213,7 +213,7 @@ func TestBeginRetryIsIdempotent(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	key := lock.Key("test:", "", "retry")
-	b := &begin{s: s, fingerprint: fp("a")}
+	b := &begin{node: s.nodes[0], fingerprint: fp("a")}
 	f1, err := b.TryAcquire(ctx, key, "token-1", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -281,4 +281,62 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal("decoded without error into nothing")
 		}
 	})
+}
+
+// On a Redlock of three masters a record is written to all of them: a retry
+// is replayed with one master down, and even from a master that alone has
+// the record.
+func TestRedlockRecords(t *testing.T) {
+	var srvs []*redistest.Server
+	var rdbs []*redis.Client
+	var clients []redis.UniversalClient
+	var names []string
+	for range 3 {
+		srv := redistest.Start(t)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		srvs, rdbs = append(srvs, srv), append(rdbs, rdb)
+		clients, names = append(clients, rdb), append(names, srv.Addr)
+	}
+	rl, err := lock.NewRedlock(clients, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewStore(lock.NewWithBackend(rl, &lock.Config{CallTimeout: 2 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "redlock")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
+	}
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i, rdb := range rdbs {
+		if rdb.Exists(ctx, Key(key)).Val() != 1 {
+			t.Fatalf("record missing on master %d", i)
+		}
+	}
+	srvs[0].Stop()
+	var done *CompletedError
+	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+		t.Fatalf("retry with a master down: %v, want the stored response", err)
+	}
+	// Only master 2 still has it: a completed record on any master is
+	// final, and the lock taken on the others meanwhile is released.
+	if err := rdbs[1].Del(ctx, Key(key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+		t.Fatalf("retry with the record on one master: %v, want the stored response", err)
+	}
+	if rdbs[1].Exists(ctx, key).Val() != 0 {
+		t.Fatal("a lock was left on master 1")
+	}
 }

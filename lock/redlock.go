@@ -1,0 +1,241 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redlock is the Backend of N independent Redis masters (N odd, at least
+// 3), after antirez's Redlock: a lock is held when a majority of the masters
+// granted it within its validity time (ttl - elapsed - drift, drift =
+// ttl/100 + 2ms, which is the local lease margin). Refresh needs a
+// majority too; release goes to all.
+//
+// Fencing tokens stay strictly increasing across holders even when the
+// masters' clocks or counters differ: the token is the largest the majority
+// issued, and it is written back to a majority of the counters before the
+// lock is granted, so that every later majority, which shares at least one
+// master with it, issues a larger one.
+//
+// Redlock is weaker than one Redis with fencing: its safety rests on
+// bounded clock drift and process pauses (see Kleppmann's "How to do
+// distributed locking" and antirez's reply). Pass the fencing token on.
+type Redlock struct {
+	nodes  []Backend
+	names  []string
+	quorum int
+}
+
+// fenceRaiser is a node that can take a fencing token issued elsewhere.
+type fenceRaiser interface {
+	RaiseFence(ctx context.Context, key string, fence int64) error
+}
+
+// NewRedlock returns the Redlock of the clients, one per master; names
+// (their addresses) label errors.
+func NewRedlock(clients []redis.UniversalClient, names []string) (*Redlock, error) {
+	nodes := make([]Backend, len(clients))
+	for i, c := range clients {
+		nodes[i] = NewRedis(c)
+	}
+	return NewRedlockOf(nodes, names)
+}
+
+// NewRedlockOf returns the Redlock of nodes, each one master's Backend that
+// can also raise its fencing counter (as *Redis does): for a package whose
+// own Backend does more per master in the same scripts.
+func NewRedlockOf(nodes []Backend, names []string) (*Redlock, error) {
+	if n := len(nodes); n < 3 || n%2 == 0 {
+		return nil, fmt.Errorf("redislock: Redlock needs an odd number of masters, at least 3, not %d", n)
+	}
+	if len(names) != len(nodes) {
+		return nil, fmt.Errorf("redislock: %d names for %d masters", len(names), len(nodes))
+	}
+	for i, n := range nodes {
+		if _, ok := n.(fenceRaiser); !ok {
+			return nil, fmt.Errorf("redislock: master %s (%T) cannot raise its fencing counter", names[i], n)
+		}
+	}
+	return &Redlock{nodes: nodes, names: names, quorum: len(nodes)/2 + 1}, nil
+}
+
+// Nodes are the masters' Backends, in order.
+func (rl *Redlock) Nodes() []Backend { return rl.nodes }
+
+// Names label the masters in errors, in the order of Nodes.
+func (rl *Redlock) Names() []string { return rl.names }
+
+// Quorum is the number of masters that make a majority.
+func (rl *Redlock) Quorum() int { return rl.quorum }
+
+// NodeError is the error of one master.
+type NodeError struct {
+	Node string
+	Err  error
+}
+
+func (e *NodeError) Error() string { return "master " + e.Node + ": " + e.Err.Error() }
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// reply is one master's answer to a call.
+type reply struct {
+	node  int
+	fence int64
+	err   error
+}
+
+// fanOut calls f on every master at once and sends the replies as they
+// come; the channel has room for all of them, so that callers may stop
+// reading early.
+func (rl *Redlock) fanOut(f func(i int, n Backend) (int64, error)) <-chan reply {
+	ch := make(chan reply, len(rl.nodes))
+	for i, n := range rl.nodes {
+		go func() {
+			fence, err := f(i, n)
+			ch <- reply{i, fence, err}
+		}()
+	}
+	return ch
+}
+
+func (rl *Redlock) nodeError(i int, err error) error { return &NodeError{Node: rl.names[i], Err: err} }
+
+// TryAcquire takes key on a majority within the validity time and returns
+// the largest fencing token the majority issued, written back to a
+// majority. A master's own answer (neither contention nor failure) ends the
+// attempt and is returned.
+func (rl *Redlock) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
+	start := time.Now()
+	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return n.TryAcquire(ctx, key, token, ttl) })
+	var fence int64
+	granted, refused := 0, 0
+	var remaining time.Duration
+	var errs []error
+	for range rl.nodes {
+		r := <-replies
+		var ne *NotObtainedError
+		switch {
+		case r.err == nil:
+			granted++
+			fence = max(fence, r.fence)
+		case errors.As(r.err, &ne):
+			refused++
+			remaining = max(remaining, ne.Remaining)
+		case errors.Is(r.err, ErrUnavailable) || ctx.Err() != nil:
+			errs = append(errs, rl.nodeError(r.node, r.err))
+		default: // an answer of the node's own, such as a stored result
+			rl.releaseAll(ctx, key, token)
+			return 0, r.err
+		}
+		if granted >= rl.quorum || refused > len(rl.nodes)-rl.quorum || len(errs)+refused > len(rl.nodes)-rl.quorum {
+			break
+		}
+	}
+	validity := ttl - time.Since(start) - leaseMargin(ttl)
+	switch {
+	case granted >= rl.quorum && validity > 0:
+		if err := rl.raiseFence(ctx, key, fence); err != nil {
+			rl.releaseAll(ctx, key, token)
+			return 0, err
+		}
+		return fence, nil
+	case granted >= rl.quorum:
+		rl.releaseAll(ctx, key, token)
+		return 0, fmt.Errorf("%w: a majority granted the lock after its validity time", ErrUnavailable)
+	}
+	rl.releaseAll(ctx, key, token)
+	if refused > len(rl.nodes)-rl.quorum {
+		return 0, &NotObtainedError{Remaining: remaining}
+	}
+	return 0, fmt.Errorf("%w: no majority of the masters answered: %w", ErrUnavailable, errors.Join(errs...))
+}
+
+// raiseFence writes fence back to the counters of a majority.
+func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) error {
+	replies := rl.fanOut(func(_ int, n Backend) (int64, error) {
+		return 0, n.(fenceRaiser).RaiseFence(ctx, key, fence)
+	})
+	ok := 0
+	var errs []error
+	for range rl.nodes {
+		r := <-replies
+		if r.err == nil {
+			if ok++; ok >= rl.quorum {
+				return nil
+			}
+			continue
+		}
+		errs = append(errs, rl.nodeError(r.node, r.err))
+		if len(errs) > len(rl.nodes)-rl.quorum {
+			break
+		}
+	}
+	return fmt.Errorf("%w: the fencing token could not be written back to a majority: %w", ErrUnavailable, errors.Join(errs...))
+}
+
+// releaseAll releases what a failed attempt may have taken, on every
+// master, within the attempt's own deadline: the lease ends what it misses
+// (and the Client cleans up again after an unavailable one).
+func (rl *Redlock) releaseAll(ctx context.Context, key, token string) {
+	_ = rl.Release(ctx, key, token)
+}
+
+// Refresh extends the lease on a majority.
+func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
+	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Refresh(ctx, key, token, ttl) })
+	ok, notHeld := 0, 0
+	var errs []error
+	for range rl.nodes {
+		r := <-replies
+		switch {
+		case r.err == nil:
+			ok++
+		case errors.Is(r.err, ErrNotHeld):
+			notHeld++
+		default:
+			errs = append(errs, rl.nodeError(r.node, r.err))
+		}
+		switch {
+		case ok >= rl.quorum:
+			return nil
+		case notHeld > len(rl.nodes)-rl.quorum:
+			return ErrNotHeld
+		case notHeld+len(errs) > len(rl.nodes)-rl.quorum:
+			return fmt.Errorf("%w: no majority refreshed: %w", ErrUnavailable, errors.Join(errs...))
+		}
+	}
+	return ErrUnavailable // not reached: the cases above decide by the last reply
+}
+
+// Release deletes the lock on every master; it is released when a majority
+// deleted it.
+func (rl *Redlock) Release(ctx context.Context, key, token string) error {
+	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Release(ctx, key, token) })
+	released := 0
+	var errs []error
+	for range rl.nodes {
+		r := <-replies
+		switch {
+		case r.err == nil:
+			released++
+		case !errors.Is(r.err, ErrNotHeld):
+			errs = append(errs, rl.nodeError(r.node, r.err))
+		}
+	}
+	switch {
+	case released >= rl.quorum:
+		return nil
+	case len(errs) > 0:
+		return fmt.Errorf("%w: released on %d of %d masters: %w", ErrUnavailable, released, len(rl.nodes), errors.Join(errs...))
+	}
+	return ErrNotHeld
+}
+
+var (
+	_ Backend     = (*Redlock)(nil)
+	_ fenceRaiser = (*Redis)(nil)
+)

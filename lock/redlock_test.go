@@ -1,0 +1,149 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+)
+
+// masters starts n independent redis-servers and a Redlock client on them.
+func masters(t *testing.T, n int) ([]*redistest.Server, []*redis.Client, *Client) {
+	t.Helper()
+	srvs := make([]*redistest.Server, n)
+	rdbs := make([]*redis.Client, n)
+	clients := make([]redis.UniversalClient, n)
+	names := make([]string, n)
+	for i := range n {
+		srvs[i] = redistest.Start(t)
+		// One retry and one dial attempt, as the Caddy handler has: a
+		// stopped master fails fast.
+		rdbs[i] = redis.NewClient(&redis.Options{Addr: srvs[i].Addr, ContextTimeoutEnabled: true,
+			MaxRetries: 1, DialerRetries: 1, DialTimeout: time.Second})
+		t.Cleanup(func() { _ = rdbs[i].Close() })
+		clients[i], names[i] = rdbs[i], srvs[i].Addr
+	}
+	rl, err := NewRedlock(clients, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srvs, rdbs, NewWithBackend(rl, &Config{CallTimeout: 2 * time.Second})
+}
+
+func TestRedlockNeedsOddMajority(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 4} {
+		if _, err := NewRedlock(make([]redis.UniversalClient, n), make([]string, n)); err == nil {
+			t.Errorf("%d masters accepted", n)
+		}
+	}
+}
+
+func TestRedlockMajority(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			srvs, rdbs, c := masters(t, n)
+			ctx := ctxT(t)
+			key := testKey(t)
+			l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+			held := 0
+			for _, rdb := range rdbs {
+				if rdb.HExists(ctx, key, l.Token()).Val() {
+					held++
+				}
+			}
+			if held < n/2+1 {
+				t.Fatalf("lock on %d of %d masters", held, n)
+			}
+			// Contention: another holder is refused with the lease left.
+			_, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
+			var ne *NotObtainedError
+			if !errors.As(err, &ne) || ne.Remaining < 50*time.Second {
+				t.Fatalf("second acquire: %v, want NotObtained with ~1m left", err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for i, rdb := range rdbs {
+				if rdb.Exists(ctx, key).Val() != 0 {
+					t.Fatalf("lock left on master %d after release", i)
+				}
+			}
+
+			// A minority down: locks still work, and keep-alive renews on
+			// the majority.
+			minority := n / 2
+			for i := range minority {
+				srvs[i].Stop()
+			}
+			l = mustAcquire(t, c, key, Options{TTL: 600 * time.Millisecond})
+			if waitDone(t, l.Context(), 1500*time.Millisecond) {
+				t.Fatalf("lock lost with a majority up: %v", context.Cause(l.Context()))
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("release with a majority up: %v", err)
+			}
+
+			// A majority down: unavailable, never granted.
+			srvs[minority].Stop()
+			if _, err := c.Acquire(ctx, key, Options{TTL: time.Minute}); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("acquire with a majority down: %v, want ErrUnavailable", err)
+			}
+			var nerr *NodeError
+			if _, err := c.Acquire(ctx, key, Options{TTL: time.Minute}); !errors.As(err, &nerr) || nerr.Node == "" {
+				t.Fatalf("error %v does not name a master", err)
+			}
+		})
+	}
+}
+
+// Fencing tokens increase across holders even when one master's counter (or
+// clock) runs far ahead of the others': the token is the majority's largest,
+// written back to a majority, so a later majority without that master
+// still issues a larger one.
+func TestRedlockFencingWithCounterAhead(t *testing.T) {
+	srvs, rdbs, c := masters(t, 3)
+	ctx := ctxT(t)
+	key := testKey(t)
+	const ahead = 9_000_000_000_000_000
+	if err := rdbs[2].Set(ctx, CounterKey(key), ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The first holder's majority is masters 1 and 2 (0 is down), so its
+	// token comes from the counter ahead.
+	srvs[0].Stop()
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if l.Fence() <= ahead {
+		t.Fatalf("fence %d, want above the counter ahead %d (the majority's largest)", l.Fence(), int64(ahead))
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The next holder's majority is masters 0 (back, empty) and 1: without
+	// the write-back, its token would come from the clock, far below.
+	if err := srvs[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	srvs[2].Stop()
+	next := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if next.Fence() <= l.Fence() {
+		t.Fatalf("next holder without the master ahead: fence %d, want above %d", next.Fence(), l.Fence())
+	}
+}
+
+// A lock held on one master by a stale holder (a minority) does not stop a
+// majority from granting it.
+func TestRedlockMinorityHeldElsewhere(t *testing.T) {
+	_, rdbs, c := masters(t, 3)
+	key := testKey(t)
+	holdAs(t, rdbs[0], key, "stale", time.Minute)
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if holderOf(t, rdbs[0], key) != "stale" {
+		t.Fatal("the stale holder's lock on one master was overwritten")
+	}
+	_ = l
+}
