@@ -142,13 +142,30 @@ http://127.0.0.1:%d {
 
 func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 	t.Parallel()
-	const (
-		keys   = 20
-		perKey = 16 // 320 requests
-		total  = keys * perKey
-	)
-	bin := buildCaddyBinary(t)
 	srv, rdb := newRedis(t)
+	st := stormTwoNodes(t, "redis "+srv.Addr, 20, 16)
+	if left := lockKeys(t, rdb, DefaultPrefix); len(left) != 0 {
+		t.Errorf("%d lock keys left in Redis after every request ended: %v", len(left), left)
+	}
+	st.nextFencesIncrease(t)
+}
+
+// storm is two Caddy processes in front of one backend, after a storm of
+// concurrent duplicates split across both.
+type storm struct {
+	nodes      []*caddyProcess
+	client     *http.Client
+	firstFence map[string]int64 // the fencing token of each key's execution
+}
+
+// stormTwoNodes starts two Caddy processes whose redis_lock has the redis
+// subdirective redisLine, fires keys x perKey concurrent duplicates split
+// across both, and checks exclusion: exactly one execution per key, never
+// two at once, every other answer 409 with Retry-After.
+func stormTwoNodes(t *testing.T, redisLine string, keys, perKey int) *storm {
+	t.Helper()
+	total := keys * perKey
+	bin := buildCaddyBinary(t)
 
 	// The backend holds every execution until all duplicates have been
 	// answered, so that "exactly one execution per key" does not depend on
@@ -159,25 +176,29 @@ func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 	t.Cleanup(openRelease)
 	var mu sync.Mutex
 	execs := map[string][]int64{}
+	holding := true
 	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
 		f := parseFence(s.Fencing)
 		mu.Lock()
 		execs[s.Key] = append(execs[s.Key], f)
+		hold := holding
 		mu.Unlock()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
+		if hold {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		w.Header().Set("X-Fence", strconv.FormatInt(f, 10))
 		io.WriteString(w, "charged "+s.Key)
 	})
 
 	site := fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		redis %s
+		%s
 		ttl 5s
 	}
-	reverse_proxy %s`, srv.Addr, be.hostPort())
+	reverse_proxy %s`, redisLine, be.hostPort())
 	nodes := []*caddyProcess{
 		startCaddyProcess(t, bin, "caddy-a", site),
 		startCaddyProcess(t, bin, "caddy-b", site),
@@ -258,7 +279,8 @@ func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 		t.Errorf("%d conflicts and %d other answers; want %d conflicts and no other", conflicts, others, total-keys)
 	}
 	mu.Lock()
-	firstFence := map[string]int64{}
+	holding = false
+	st := &storm{nodes: nodes, client: client, firstFence: map[string]int64{}}
 	for k := range keys {
 		key := fmt.Sprintf("e2e-key-%02d", k)
 		if n := len(execs[key]); n != 1 {
@@ -268,7 +290,7 @@ func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 			t.Errorf("key %s: %d answers 200, want 1", key, okPerKey[key])
 		}
 		if len(execs[key]) > 0 {
-			firstFence[key] = execs[key][0]
+			st.firstFence[key] = execs[key][0]
 		}
 	}
 	mu.Unlock()
@@ -278,20 +300,22 @@ func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {
 	if overlaps != 0 {
 		t.Errorf("%d overlapping executions of one key", overlaps)
 	}
-	if left := lockKeys(t, rdb, DefaultPrefix); len(left) != 0 {
-		t.Errorf("%d lock keys left in Redis after every request ended: %v", len(left), left)
-	}
+	return st
+}
 
-	// The next holder of each key, through either node, gets a higher
-	// fencing token.
-	for k := range keys {
-		key := fmt.Sprintf("e2e-key-%02d", k)
-		r, err := sendRequest(context.Background(), client, "POST", nodes[(k+1)%2].URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
+// nextFencesIncrease sends one more request per key, through the other
+// node than before, and checks that its fencing token is higher.
+func (st *storm) nextFencesIncrease(t *testing.T) {
+	t.Helper()
+	k := 0
+	for key, first := range st.firstFence {
+		k++
+		r, err := sendRequest(context.Background(), st.client, "POST", st.nodes[k%2].URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
 		if err != nil || r.Status != 200 {
 			t.Fatalf("next request for %s: %v %v", key, err, r)
 		}
-		if f, _ := strconv.ParseInt(r.Header.Get("X-Fence"), 10, 64); f <= firstFence[key] {
-			t.Errorf("key %s: next fencing token %d, want above %d", key, f, firstFence[key])
+		if f, _ := strconv.ParseInt(r.Header.Get("X-Fence"), 10, 64); f <= first {
+			t.Errorf("key %s: next fencing token %d, want above %d", key, f, first)
 		}
 	}
 }

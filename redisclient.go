@@ -82,7 +82,12 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 		// slot (a lock, its counter and its record share one), and follows
 		// MOVED and ASK redirects and failovers.
 		return pipelined(redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:         c.Addresses,
+			// go-redis reloads the slot layout on MOVED, but not when the
+			// master of a slot stops answering: without a short reload
+			// interval (its default is a minute) the slots of a failed
+			// master stay on it long after its replica took over.
+			ClusterStateReloadInterval: time.Second,
+			Addrs:                      c.Addresses,
 			Username:      c.Username,
 			Password:      c.Password,
 			TLSConfig:     tlsCfg,

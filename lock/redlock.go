@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -107,12 +108,39 @@ func (rl *Redlock) nodeError(i int, err error) error { return &NodeError{Node: r
 // TryAcquire takes key on a majority within the validity time and returns
 // the largest fencing token the majority issued, written back to a
 // majority. A master's own answer (neither contention nor failure) ends the
-// attempt and is returned.
+// attempt and is returned. When requests for one key split the masters'
+// votes so that none has a majority, each gives back what it took and
+// tries again after a random pause, a few times, as Redlock prescribes.
 func (rl *Redlock) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
+	for attempt := 1; ; attempt++ {
+		fence, granted, err := rl.tryAcquire(ctx, key, token, ttl)
+		var ne *NotObtainedError
+		if granted == 0 || !errors.As(err, &ne) || attempt == splitVoteAttempts {
+			return fence, err
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(splitVotePause))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, err
+		case <-t.C:
+		}
+	}
+}
+
+// A split vote is tried again up to splitVoteAttempts times in all, after a
+// random pause of up to splitVotePause.
+const (
+	splitVoteAttempts = 4
+	splitVotePause    = 20 * time.Millisecond
+)
+
+// tryAcquire is one attempt of TryAcquire; granted is how many masters gave
+// the lock (all of it given back unless err is nil).
+func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.Duration) (fence int64, granted int, err error) {
 	start := time.Now()
 	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return n.TryAcquire(ctx, key, token, ttl) })
-	var fence int64
-	granted, refused := 0, 0
+	refused := 0
 	var remaining time.Duration
 	var errs []error
 	for range rl.nodes {
@@ -129,9 +157,9 @@ func (rl *Redlock) TryAcquire(ctx context.Context, key, token string, ttl time.D
 			errs = append(errs, rl.nodeError(r.node, r.err))
 		default: // an answer of the node's own, such as a stored result
 			rl.releaseAll(ctx, key, token)
-			return 0, r.err
+			return 0, 0, r.err
 		}
-		if granted >= rl.quorum || refused > len(rl.nodes)-rl.quorum || len(errs)+refused > len(rl.nodes)-rl.quorum {
+		if granted >= rl.quorum || len(errs)+refused > len(rl.nodes)-rl.quorum {
 			break
 		}
 	}
@@ -140,18 +168,18 @@ func (rl *Redlock) TryAcquire(ctx context.Context, key, token string, ttl time.D
 	case granted >= rl.quorum && validity > 0:
 		if err := rl.raiseFence(ctx, key, fence); err != nil {
 			rl.releaseAll(ctx, key, token)
-			return 0, err
+			return 0, granted, err
 		}
-		return fence, nil
+		return fence, granted, nil
 	case granted >= rl.quorum:
 		rl.releaseAll(ctx, key, token)
-		return 0, fmt.Errorf("%w: a majority granted the lock after its validity time", ErrUnavailable)
+		return 0, granted, fmt.Errorf("%w: a majority granted the lock after its validity time", ErrUnavailable)
 	}
 	rl.releaseAll(ctx, key, token)
-	if refused > len(rl.nodes)-rl.quorum {
-		return 0, &NotObtainedError{Remaining: remaining}
+	if len(errs) <= len(rl.nodes)-rl.quorum {
+		return 0, granted, &NotObtainedError{Remaining: remaining}
 	}
-	return 0, fmt.Errorf("%w: no majority of the masters answered: %w", ErrUnavailable, errors.Join(errs...))
+	return 0, granted, fmt.Errorf("%w: no majority of the masters answered: %w", ErrUnavailable, errors.Join(errs...))
 }
 
 // raiseFence writes fence back to the counters of a majority.
