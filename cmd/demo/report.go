@@ -15,9 +15,6 @@ func writeReport(out io.Writer, o outcome) {
 		fmt.Fprintf(out, "  responses: %s\n", r.statusText())
 		l := r.Ledger
 		fmt.Fprintf(out, "  ledger:    %d orders, %d charges, %d double charges", l.Orders, l.Charges, l.DoubleCharges)
-		if l.AlreadyPaid > 0 {
-			fmt.Fprintf(out, ", %d answered \"already paid\"", l.AlreadyPaid)
-		}
 		if l.StaleFences > 0 {
 			fmt.Fprintf(out, ", %d stale fencing tokens rejected", l.StaleFences)
 		}
