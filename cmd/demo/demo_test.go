@@ -152,14 +152,19 @@ func TestServeAndCtrlC(t *testing.T) {
 	defer cmd.Process.Kill() //nolint:errcheck // already gone on success
 
 	var out strings.Builder
-	sc := bufio.NewScanner(stdout)
+	// A bufio.Reader, not a Scanner: what it has read ahead past the
+	// "Ctrl-C" line is read from it below with the rest.
+	br := bufio.NewReader(stdout)
 	redisRe := regexp.MustCompile(`started on (127\.0\.0\.1:\d+)`)
 	lockedRe := regexp.MustCompile(`redis_lock on http://(127\.0\.0\.1:\d+)`)
 	backendRe := regexp.MustCompile(`ledger at http://(127\.0\.0\.1:\d+)/charge`)
 	var redisAddr, locked, backend string
-	for sc.Scan() {
-		line := sc.Text()
-		out.WriteString(line + "\n")
+	for {
+		line, err := br.ReadString('\n')
+		out.WriteString(line)
+		if err != nil {
+			break
+		}
 		if m := redisRe.FindStringSubmatch(line); m != nil {
 			redisAddr = m[1]
 		}
@@ -178,7 +183,7 @@ func TestServeAndCtrlC(t *testing.T) {
 	}
 	rest := make(chan string, 1) // the rest of the output; EOF when the demo exits
 	go func() {
-		b, _ := io.ReadAll(stdout)
+		b, _ := io.ReadAll(br)
 		rest <- string(b)
 	}()
 
