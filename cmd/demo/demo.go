@@ -22,7 +22,7 @@ type options struct {
 	TTL        time.Duration // redis_lock lease
 	Embedded   bool          // use the in-process Redis even when redis-server is installed
 	Serve      bool          // keep running after the report until ctx ends
-	Timeout    time.Duration // per storm request
+	Timeout    time.Duration // per request
 }
 
 // routeResult is what one route did: the client's view of the storm and of
@@ -35,9 +35,6 @@ type routeResult struct {
 	StormLedger LedgerStats // after the storm
 	Ledger      LedgerStats // after the late retries too
 }
-
-// Sent is the number of requests sent, the storm's and the late ones.
-func (r routeResult) Sent() int { return r.Storm.Sent + r.Late.Sent }
 
 // Status is the number of answers with status code, in both waves.
 func (r routeResult) Status(code int) int { return r.Storm.Statuses[code] + r.Late.Statuses[code] }
