@@ -15,11 +15,17 @@ import (
 
 // Ledger is the demo's payment backend: a slow legacy gateway behind Caddy.
 //
-// Like many real ones it does check whether an order is already paid, but
-// the check and the end of the charge are a gateway call apart (Delay), so
-// duplicates that arrive together all pass the check and the customer is
-// charged several times. Caddy's redis_lock closes that window in front of
-// it; the ledger also shows the backend's half of the deal, fencing tokens.
+// It has no idempotency of its own: every charge request that reaches it is
+// a charge, whether a duplicate fired at the same moment or a retry sent a
+// minute later. Many legacy backends are like this; where one checks
+// "already paid?" first, the check and the charge's write are often a
+// gateway call (Delay) apart, a window that concurrent duplicates all pass.
+// The ledger has no such check on purpose: one that turned a late retry
+// away would hide what the demo measures, what the proxy lets through. Behind
+// redis_lock, duplicates that overlap get 409 but a retry after the first
+// charge has finished is charged again; behind redis_lock with idempotency
+// the retry is answered from the stored response and never gets here. The
+// ledger also shows the backend's half of the lock's deal, fencing tokens.
 type Ledger struct {
 	// Delay is how long one charge takes at the gateway.
 	Delay time.Duration
@@ -31,10 +37,8 @@ type Ledger struct {
 // orderState is one order's line in the ledger.
 type orderState struct {
 	charges     int   // successful charges: more than one is a double charge
-	paid        bool  // a charge has completed
 	fence       int64 // highest fencing token accepted; 0: none seen yet
 	staleFences int   // charges rejected for a lower fencing token
-	alreadyPaid int   // duplicates answered "already paid" without charging
 }
 
 // ErrStaleFence is returned for a charge whose fencing token is lower than
@@ -49,17 +53,18 @@ func NewLedger(delay time.Duration) *Ledger {
 // ChargeResult is what one charge attempt did.
 type ChargeResult struct {
 	OrderID      string `json:"order_id"`
-	Status       string `json:"status"` // charged, already_paid
+	Status       string `json:"status"` // charged
 	Charge       int    `json:"charge,omitempty"`
 	DoubleCharge bool   `json:"double_charge,omitempty"`
 	FencingToken string `json:"fencing_token,omitempty"` // as the backend saw it
 }
 
-// Charge charges order once. fence is the request's fencing token, 0 when
-// it carried none (the plain route sends none: such charges are accepted, as
-// a legacy backend would). A token lower than the highest one accepted for
-// the order is rejected with ErrStaleFence; an equal one is the same holder
-// retrying and is accepted.
+// Charge charges order once more, however often it has been charged before
+// (see Ledger). fence is the request's fencing token, 0 when it carried
+// none (the plain route sends none: such charges are accepted, as a legacy
+// backend would). A token lower than the highest one accepted for the order
+// is rejected with ErrStaleFence; an equal one is the same holder retrying
+// and is accepted.
 //
 // A real backend does the fence check in the same transaction as its write,
 // for example in SQL with one write per token:
@@ -84,12 +89,6 @@ func (l *Ledger) Charge(order string, fence int64) (ChargeResult, error) {
 		}
 		o.fence = fence
 	}
-	if o.paid {
-		o.alreadyPaid++
-		l.mu.Unlock()
-		res.Status = "already_paid"
-		return res, nil
-	}
 	l.mu.Unlock()
 
 	// The slow gateway call. It is not cancelled with the request: a
@@ -102,7 +101,6 @@ func (l *Ledger) Charge(order string, fence int64) (ChargeResult, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	o.charges++
-	o.paid = true
 	res.Status = "charged"
 	res.Charge = o.charges
 	res.DoubleCharge = o.charges > 1
@@ -124,7 +122,6 @@ type LedgerStats struct {
 	Charges       int
 	DoubleCharges int // charges beyond the first of each order
 	StaleFences   int
-	AlreadyPaid   int
 }
 
 // Stats sums the ledger over orders.
@@ -143,7 +140,6 @@ func (l *Ledger) Stats(orders []string) LedgerStats {
 		s.Charges += o.charges
 		s.DoubleCharges += max(0, o.charges-1)
 		s.StaleFences += o.staleFences
-		s.AlreadyPaid += o.alreadyPaid
 	}
 	return s
 }

@@ -15,17 +15,23 @@ import (
 // demoPrefix keeps the demo's keys apart in an existing Redis (REDIS_ADDR).
 const demoPrefix = "demo:redis_lock:"
 
-// caddySites are the two routes the storm hits, both in front of the backend.
+// demoRetention is how long the idempotency route keeps a finished charge's
+// response: the default is 24h, an hour keeps an existing Redis (REDIS_ADDR)
+// tidy and is still long enough to try -serve by hand.
+const demoRetention = "1h"
+
+// caddySites are the three routes the storm hits, all in front of the backend.
 type caddySites struct {
-	PlainAddr  string // plain reverse_proxy
-	LockedAddr string // redis_lock + reverse_proxy
-	Backend    string
-	Redis      string
-	TTL        string // lease, a Caddy duration
+	PlainAddr      string // plain reverse_proxy
+	LockedAddr     string // redis_lock + reverse_proxy
+	IdempotentAddr string // redis_lock with idempotency + reverse_proxy
+	Backend        string
+	Redis          string
+	TTL            string // lease, a Caddy duration
 }
 
 // Caddyfile is the demo's configuration; -serve prints it, so a reader can
-// copy the locked site into their own Caddyfile.
+// copy the locked sites into their own Caddyfile.
 func (s caddySites) Caddyfile() string {
 	return fmt.Sprintf(`{
 	admin off
@@ -43,7 +49,8 @@ http://%[1]s {
 }
 
 # The same backend behind redis_lock: one request per Idempotency-Key at a
-# time, duplicates get 409 and the backend gets a Fencing-Token header.
+# time, duplicates get 409 and the backend gets a Fencing-Token header. A
+# retry after the first request has finished is let through, and charged.
 http://%[2]s {
 	redis_lock {http.request.header.Idempotency-Key} {
 		ttl %[5]s
@@ -52,7 +59,23 @@ http://%[2]s {
 	}
 	reverse_proxy %[3]s
 }
-`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL, demoPrefix)
+
+# redis_lock with idempotency: the same, and a finished request's response
+# is stored under its key and replayed (Idempotent-Replayed: true) to a
+# retry with the same key, method, path, query and body, which never
+# reaches the backend.
+http://%[7]s {
+	redis_lock {http.request.header.Idempotency-Key} {
+		ttl %[5]s
+		prefix %[6]s
+		redis %[4]s
+		idempotency {
+			retention %[8]s
+		}
+	}
+	reverse_proxy %[3]s
+}
+`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL, demoPrefix, s.IdempotentAddr, demoRetention)
 }
 
 // startCaddy adapts caddyfile and runs it in this process; stop with

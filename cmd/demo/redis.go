@@ -41,8 +41,8 @@ func (r *demoRedis) Close() {
 func startRedis(forceEmbedded bool) (*demoRedis, error) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" && !forceEmbedded {
 		return &demoRedis{Addr: addr, Kind: redisExisting,
-			About: fmt.Sprintf("existing Redis at %s (from REDIS_ADDR; keys under %s: locks expire, one fencing counter %sfence stays)",
-				addr, demoPrefix, demoPrefix)}, nil
+			About: fmt.Sprintf("existing Redis at %s (from REDIS_ADDR; keys under %s: locks expire, stored responses after %s, one fencing counter %sfence stays)",
+				addr, demoPrefix, demoRetention, demoPrefix)}, nil
 	}
 	if redistest.Available() && !forceEmbedded {
 		s, err := redistest.Launch()
@@ -56,8 +56,10 @@ func startRedis(forceEmbedded bool) (*demoRedis, error) {
 }
 
 // startEmbedded runs miniredis in this process. It runs the lock's Lua
-// scripts (EVALSHA, TIME, HSET, PEXPIRE) and HDEL, and with ClockTTL its TTLs follow the
-// wall clock as a real server's do; without it a lease would never expire.
+// scripts (EVALSHA, TIME, HSET, PEXPIRE) and HDEL, and the idempotency
+// records' (GETRANGE, SET PX, PTTL, binary values), and with ClockTTL its
+// TTLs follow the wall clock as a real server's do; without it a lease would
+// never expire.
 func startEmbedded() (*demoRedis, error) {
 	m := miniredis.NewMiniRedis()
 	m.ClockTTL(true)

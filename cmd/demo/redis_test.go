@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +16,7 @@ import (
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // requireRedisServer fails (under make test / CI) or skips when redis-server
@@ -86,6 +91,97 @@ func TestEmbeddedRedisRunsLockScripts(t *testing.T) {
 			t.Fatalf("lease never expired: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The embedded server must also run the idempotency records' scripts as
+// Redis does: begin (GETRANGE, SET PX, PTTL beside the lock's take), refresh,
+// complete with a binary response and abandon, with records that expire on
+// the wall clock.
+func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
+	r, err := startEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	store, err := record.NewStore(lock.New(rdb, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := redistest.Context(t, 10*time.Second)
+	fp := func(s string) string {
+		sum := sha256.Sum256([]byte(s))
+		return hex.EncodeToString(sum[:])
+	}
+	key := lock.Key(demoPrefix, "", "order-1")
+	opt := lock.Options{TTL: 300 * time.Millisecond, Renew: 60 * time.Millisecond}
+
+	lk, err := store.Begin(ctx, key, fp("charge"), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var no *lock.NotObtainedError
+	if _, err := store.Begin(ctx, key, fp("charge"), opt); !errors.As(err, &no) || no.Remaining <= 0 {
+		t.Fatalf("duplicate in progress: %v, want NotObtained with a remaining lease", err)
+	}
+	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
+		t.Fatalf("another request under the key: %v, want ErrMismatch", err)
+	}
+	time.Sleep(700 * time.Millisecond) // > 2 leases: only refresh keeps the lock and the record
+	if err := lk.Context().Err(); err != nil {
+		t.Fatalf("lock lost despite renewals: %v", context.Cause(lk.Context()))
+	}
+	if p := rdb.PTTL(ctx, record.Key(key)).Val(); p <= 0 {
+		t.Fatalf("in-progress record PTTL %v after refreshes, want a lease", p)
+	}
+
+	body := make([]byte, 256) // every byte value, as a compressed body has
+	for i := range body {
+		body[i] = byte(i)
+	}
+	resp := &record.Response{Outcome: record.Replayable, Status: 200,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+	if err := store.Complete(ctx, lk, fp("charge"), resp, 400*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil { // the next begin must fall back to EVAL
+		t.Fatal(err)
+	}
+	var done *record.CompletedError
+	if _, err := store.Begin(ctx, key, fp("charge"), opt); !errors.As(err, &done) || !reflect.DeepEqual(done.Response, resp) {
+		t.Fatalf("retry after completion: %v, want the stored response", err)
+	}
+	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
+		t.Fatalf("another request under a completed key: %v, want ErrMismatch", err)
+	}
+	// The record expires after its retention, on the wall clock.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		next, err := store.Begin(ctx, key, fp("another charge"), opt)
+		if err == nil {
+			lk = next
+			break
+		}
+		if !errors.Is(err, record.ErrMismatch) || time.Now().After(deadline) {
+			t.Fatalf("record never expired: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Given up (the backend never reached): the record goes, a retry runs.
+	if err := store.Abandon(ctx, lk); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, key, record.Key(key)).Val(); n != 0 {
+		t.Fatalf("%d of the lock and record keys left after Abandon", n)
+	}
+	again, err := store.Begin(ctx, key, fp("charge"), opt)
+	if err != nil {
+		t.Fatalf("begin after Abandon: %v", err)
+	}
+	if err := store.Abandon(ctx, again); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 )
 
 // printTryIt prints the running Caddyfile and curl commands to try the demo
@@ -26,6 +27,19 @@ for i in 1 2; do %s -i & done; wait
 # The same pair through the plain route: both are charged (look for "double_charge"):
 for i in 1 2; do %s & done; wait
 
+# A late retry through redis_lock alone: the same request again once the
+# first has been answered. The lock is free by then, so the backend charges
+# it a second time (the second reply has "charge":2 and "double_charge":true):
+%s
+%s
+
+# The same through redis_lock + idempotency: the retry gets the first reply
+# back, with Idempotent-Replayed: true, and the backend is not called again;
+# the key with another body is refused with 422:
+%s
+%s -i
+%s -i
+
 # A stale lock holder: straight to the backend with a fencing token lower than
 # the one it accepted for order-1; the backend refuses it with 412:
 %s -i
@@ -33,5 +47,8 @@ for i in 1 2; do %s & done; wait
 		charge(s.LockedAddr, "order-1", ""),
 		charge(s.LockedAddr, "order-2", ""),
 		charge(s.PlainAddr, "order-3", ""),
+		charge(s.LockedAddr, "order-4", ""), charge(s.LockedAddr, "order-4", ""),
+		charge(s.IdempotentAddr, "order-5", ""), charge(s.IdempotentAddr, "order-5", ""),
+		strings.Replace(charge(s.IdempotentAddr, "order-5", ""), "1299", "999", 1),
 		charge(backend, "order-1", " -H 'Fencing-Token: 1'"))
 }

@@ -15,13 +15,15 @@ import (
 	"time"
 )
 
-// stormConfig is one storm of duplicate charges at one route.
+// stormConfig is one route's traffic: the storm of duplicate charges and,
+// after it, the late retries.
 type stormConfig struct {
 	Name       string // route name in the report
 	URL        string // POST target
 	RunID      string // keeps order ids apart between routes and runs
 	Orders     int
-	Duplicates int           // requests per order, all sent at once
+	Duplicates int           // storm requests per order, all sent at once
+	Retries    int           // late retries per order, one after another
 	Timeout    time.Duration // per request
 }
 
@@ -34,71 +36,72 @@ func (c stormConfig) orderIDs() []string {
 	return ids
 }
 
-// stormResult is what the client saw: responses by status, and errors.
-type stormResult struct {
-	Config   stormConfig
+// chargeBody is the JSON body of every charge for order id: a retry sends
+// the very same bytes, as an SDK does.
+func chargeBody(id string) []byte {
+	body, _ := json.Marshal(chargeRequest{OrderID: id, AmountCents: 1299})
+	return body
+}
+
+// responses is what the client saw of one wave of requests: answers by
+// status, replays among them, and errors.
+type responses struct {
+	Sent     int
 	Statuses map[int]int
+	Replayed int // answers with Idempotent-Replayed: true (their status is in Statuses too)
 	Errors   int
 	Elapsed  time.Duration
-	Ledger   LedgerStats // filled in by the caller from the backend
 	FirstErr string
 }
 
-// Requests is the number of requests sent.
-func (r stormResult) Requests() int { return r.Config.Orders * r.Config.Duplicates }
+// onlyOKOrConflict reports whether every request was answered, with 200
+// (a charge, or the replay of one) or 409.
+func (r responses) onlyOKOrConflict() bool {
+	return r.Errors == 0 && r.Statuses[200]+r.Statuses[409] == r.Sent
+}
 
-// runStorm sends Duplicates concurrent charges for each of Orders orders,
-// every request released at the same moment, and reports progress to
-// progress as responses come in.
-func runStorm(ctx context.Context, cfg stormConfig, progress *progressLine) stormResult {
-	n := cfg.Orders * cfg.Duplicates
-	client := &http.Client{
-		Timeout: cfg.Timeout,
-		// One connection per request: the duplicates really are concurrent.
+// reply is one request's answer.
+type reply struct {
+	status   int
+	replayed bool
+	err      error
+}
+
+// chargeClient sends up to n requests at once, each on its own connection.
+func chargeClient(n int, timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout:   timeout,
 		Transport: &http.Transport{MaxIdleConnsPerHost: n, DisableCompression: true},
 	}
-	defer client.CloseIdleConnections()
+}
 
-	type reply struct {
-		status int
-		err    error
+// newCharge is a charge request for order id, as every client sends it.
+func newCharge(ctx context.Context, url, id string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(chargeBody(id)))
+	if err != nil {
+		return nil, err
 	}
-	replies := make(chan reply, n)
-	start := make(chan struct{})
-	var ready sync.WaitGroup
-	for _, id := range cfg.orderIDs() {
-		body, _ := json.Marshal(chargeRequest{OrderID: id, AmountCents: 1299})
-		for range cfg.Duplicates {
-			ready.Add(1)
-			go func() {
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL, bytes.NewReader(body))
-				if err != nil {
-					ready.Done()
-					replies <- reply{err: err}
-					return
-				}
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("Idempotency-Key", id)
-				ready.Done()
-				<-start
-				resp, err := client.Do(req)
-				if err != nil {
-					replies <- reply{err: err}
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				replies <- reply{status: resp.StatusCode}
-			}()
-		}
-	}
-	ready.Wait()
-	began := time.Now()
-	close(start)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", id)
+	return req, nil
+}
 
-	res := stormResult{Config: cfg, Statuses: make(map[int]int)}
+// send sends req and reads its answer to the end.
+func send(client *http.Client, req *http.Request) reply {
+	resp, err := client.Do(req)
+	if err != nil {
+		return reply{err: err}
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return reply{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+}
+
+// collect counts n replies, reporting progress as they come in.
+func collect(name string, n int, replies <-chan reply, began time.Time, progress *progressLine) responses {
+	res := responses{Sent: n, Statuses: make(map[int]int)}
 	var done atomic.Int64
-	stop := progress.Track(cfg.Name, n, &done)
+	stop := progress.Track(name, n, &done)
 	for range n {
 		r := <-replies
 		done.Add(1)
@@ -110,10 +113,46 @@ func runStorm(ctx context.Context, cfg stormConfig, progress *progressLine) stor
 			continue
 		}
 		res.Statuses[r.status]++
+		if r.replayed {
+			res.Replayed++
+		}
 	}
 	res.Elapsed = time.Since(began)
 	stop()
 	return res
+}
+
+// runStorm sends Duplicates concurrent charges for each of Orders orders,
+// every request released at the same moment, and reports progress to
+// progress as responses come in.
+func runStorm(ctx context.Context, cfg stormConfig, progress *progressLine) responses {
+	n := cfg.Orders * cfg.Duplicates
+	// One connection per request: the duplicates really are concurrent.
+	client := chargeClient(n, cfg.Timeout)
+	defer client.CloseIdleConnections()
+
+	replies := make(chan reply, n)
+	start := make(chan struct{})
+	var ready sync.WaitGroup
+	for _, id := range cfg.orderIDs() {
+		for range cfg.Duplicates {
+			ready.Add(1)
+			go func() {
+				req, err := newCharge(ctx, cfg.URL, id)
+				ready.Done()
+				if err != nil {
+					replies <- reply{err: err}
+					return
+				}
+				<-start
+				replies <- send(client, req)
+			}()
+		}
+	}
+	ready.Wait()
+	began := time.Now()
+	close(start)
+	return collect(cfg.Name+", storm", n, replies, began, progress)
 }
 
 // progressLine shows how many responses a storm has had: one line redrawn
@@ -146,8 +185,8 @@ func (p *progressLine) Track(name string, total int, done *atomic.Int64) (stop f
 	draw := func(final bool) {
 		d := int(done.Load())
 		if p.Terminal {
-			bar := strings.Repeat("#", d*30/max(total, 1)) + strings.Repeat(".", 30-d*30/max(total, 1))
-			fmt.Fprintf(p.Out, "\r  %-20s [%s] %d/%d responses %5.1fs", name, bar, d, total, time.Since(start).Seconds())
+			bar := strings.Repeat("#", d*16/max(total, 1)) + strings.Repeat(".", 16-d*16/max(total, 1))
+			fmt.Fprintf(p.Out, "\r  %-30s [%s] %d/%d responses %5.1fs", name, bar, d, total, time.Since(start).Seconds())
 			if final {
 				fmt.Fprintln(p.Out)
 			}
@@ -175,16 +214,20 @@ func (p *progressLine) Track(name string, total int, done *atomic.Int64) (stop f
 	return func() { close(quit); <-finished }
 }
 
-// statusText lists response counts by status: "200 x20, 409 x180".
-func (r stormResult) statusText() string {
+// statusText lists response counts by status: "200 OK x20, 409 Conflict
+// x180", and the replays among them.
+func (r responses) statusText() string {
 	codes := make([]int, 0, len(r.Statuses))
 	for c := range r.Statuses {
 		codes = append(codes, c)
 	}
 	sort.Ints(codes)
-	parts := make([]string, 0, len(codes)+1)
+	parts := make([]string, 0, len(codes)+2)
 	for _, c := range codes {
 		parts = append(parts, fmt.Sprintf("%d %s x%d", c, http.StatusText(c), r.Statuses[c]))
+	}
+	if r.Replayed > 0 {
+		parts = append(parts, fmt.Sprintf("%d of them replayed (Idempotent-Replayed: true)", r.Replayed))
 	}
 	if r.Errors > 0 {
 		parts = append(parts, fmt.Sprintf("transport errors x%d (first: %s)", r.Errors, r.FirstErr))
