@@ -249,3 +249,17 @@ func (h *Handler) count(repl *caddy.Replacer, result string) {
 	repl.Set(phResult, result)
 	metrics.requests.inc(result)
 }
+
+// lockOptions are the lock's options from the config.
+func (h *Handler) lockOptions() lock.Options {
+	renew := time.Duration(h.Renew)
+	if h.RenewOff {
+		renew = lock.NoRenew
+	}
+	return lock.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
+}
+
+// retryAfterSeconds is a Retry-After for a holder's remaining lease.
+func retryAfterSeconds(remaining time.Duration) int {
+	return int((remaining + time.Second - 1) / time.Second)
+}

@@ -3,9 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -13,85 +11,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
-
-// Defaults of the idempotency block.
-const (
-	DefaultRetention   = 24 * time.Hour
-	DefaultMaxResponse = 1 << 20
-)
-
-// Fingerprint parts.
-const (
-	partMethod = "method"
-	partPath   = "path"
-	partQuery  = "query"
-	partBody   = "body"
-)
-
-// IdempotencyConfig configures storing finished responses and replaying
-// them to later requests with the same key.
-type IdempotencyConfig struct {
-	// Retention is how long a finished response is kept. Default: 24h.
-	Retention caddy.Duration `json:"retention,omitempty"`
-	// Fingerprint lists the request parts that must match the stored
-	// request's for a replay (else 422): method, path, query, body.
-	// Default: all four, unless FingerprintHeaders is set alone.
-	Fingerprint []string `json:"fingerprint,omitempty"`
-	// FingerprintHeaders lists request headers that are part of the
-	// fingerprint (Caddyfile: fingerprint header <name>).
-	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
-	// MaxResponse is the largest response body stored; a larger one is
-	// completed without its body and cannot be replayed. Default: 1MiB.
-	MaxResponse int64 `json:"max_response,omitempty"`
-}
-
-// applyDefaults fills in what is unset; nil stays nil (idempotency off).
-func (c *IdempotencyConfig) applyDefaults() {
-	if c == nil {
-		return
-	}
-	if c.Retention == 0 {
-		c.Retention = caddy.Duration(DefaultRetention)
-	}
-	if len(c.Fingerprint) == 0 && len(c.FingerprintHeaders) == 0 {
-		c.Fingerprint = []string{partMethod, partPath, partQuery, partBody}
-	}
-	if c.MaxResponse == 0 {
-		c.MaxResponse = DefaultMaxResponse
-	}
-}
-
-func (c *IdempotencyConfig) validate() error {
-	var errs []error
-	if c.Retention <= 0 {
-		errs = append(errs, fmt.Errorf("idempotency: retention must be positive, got %v", time.Duration(c.Retention)))
-	}
-	if c.MaxResponse <= 0 {
-		errs = append(errs, fmt.Errorf("idempotency: max_response must be positive, got %d", c.MaxResponse))
-	}
-	for _, p := range c.Fingerprint {
-		if !slices.Contains([]string{partMethod, partPath, partQuery, partBody}, p) {
-			errs = append(errs, fmt.Errorf("idempotency: unknown fingerprint part %q (want method, path, query or body)", p))
-		}
-	}
-	for _, name := range c.FingerprintHeaders {
-		if !httpguts.ValidHeaderFieldName(name) {
-			errs = append(errs, fmt.Errorf("idempotency: fingerprint header %q is not a valid header name", name))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// fingerprints reports whether the fingerprint includes part; false with
-// idempotency off.
-func (c *IdempotencyConfig) fingerprints(part string) bool {
-	return c != nil && slices.Contains(c.Fingerprint, part)
-}
 
 // errClientGoneTooLong ends a request whose client left a lease ago.
 var errClientGoneTooLong = errors.New("redis_lock: the client left a lease ago and the backend has not answered")
@@ -348,20 +271,6 @@ func (h *Handler) writeStoredProblem(w http.ResponseWriter, p problem) error {
 	w.WriteHeader(p.status)
 	_, _ = w.Write(body)
 	return nil
-}
-
-// lockOptions are the lock's options from the config.
-func (h *Handler) lockOptions() lock.Options {
-	renew := time.Duration(h.Renew)
-	if h.RenewOff {
-		renew = lock.NoRenew
-	}
-	return lock.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
-}
-
-// retryAfterSeconds is a Retry-After for a holder's remaining lease.
-func retryAfterSeconds(remaining time.Duration) int {
-	return int((remaining + time.Second - 1) / time.Second)
 }
 
 // encodedSize is about what a record takes in Redis: its body and headers.
