@@ -3,6 +3,7 @@ package redislock
 import (
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
@@ -51,5 +52,36 @@ func TestUnavailableWarningsAreRateLimited(t *testing.T) {
 	}
 	if got := entries[1].ContextMap()["suppressed"]; got != int64(n-1) {
 		t.Fatalf("second warning suppressed = %v, want %d", got, n-1)
+	}
+}
+
+// A wrong password does not make every request dial a connection of its
+// own: after a refusal, connections are not tried for a second.
+func TestWrongPasswordDoesNotDialPerRequest(t *testing.T) {
+	srv, rdb := newRedis(t)
+	if err := rdb.Do(t.Context(), "acl", "setuser", "caddy", "on", ">right", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h := unitHandler(t, srv.Addr, func(h *Handler) {
+		h.Redis.Username, h.Redis.Password = "caddy", "wrong"
+	})
+	connections := func() int64 {
+		info := rdb.InfoMap(t.Context(), "stats").Val()
+		n, _ := strconv.ParseInt(info["Stats"]["total_connections_received"], 10, 64)
+		return n
+	}
+	before := connections()
+	for i := range 200 {
+		rec := httptest.NewRecorder()
+		r, _ := unitRequest("POST", "k", "")
+		if err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != http.StatusServiceUnavailable {
+			t.Fatalf("request %d with a wrong password: %d, want 503", i, rec.Code)
+		}
+	}
+	if n := connections() - before; n > 10 {
+		t.Fatalf("%d connections for 200 requests with a wrong password, want a few", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -88,15 +89,19 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 			// master stay on it long after its replica took over.
 			ClusterStateReloadInterval: time.Second,
 			Addrs:                      c.Addresses,
-			Username:                   c.Username,
-			Password:                   c.Password,
-			TLSConfig:                  tlsCfg,
-			PoolSize:                   c.PoolSize,
-			DialTimeout:                time.Duration(c.DialTimeout),
-			ReadTimeout:                time.Duration(c.Timeout),
-			WriteTimeout:               time.Duration(c.Timeout),
-			MaxRetries:                 1,
-			DialerRetries:              1,
+			NewClient: func(opt *redis.Options) *redis.Client {
+				opt.Limiter = new(authBackoff)
+				return redis.NewClient(opt)
+			},
+			Username:      c.Username,
+			Password:      c.Password,
+			TLSConfig:     tlsCfg,
+			PoolSize:      c.PoolSize,
+			DialTimeout:   time.Duration(c.DialTimeout),
+			ReadTimeout:   time.Duration(c.Timeout),
+			WriteTimeout:  time.Duration(c.Timeout),
+			MaxRetries:    1,
+			DialerRetries: 1,
 
 			ContextTimeoutEnabled: true,
 		}))
@@ -140,6 +145,35 @@ func standaloneOptions(c *RedisConfig, addr string, tlsCfg *tls.Config) *redis.O
 		// never applies twice.
 		MaxRetries:    1,
 		DialerRetries: 1,
+		Limiter:       new(authBackoff),
+	}
+}
+
+// authBackoff is go-redis's Limiter for one server: after Redis refused to
+// authenticate a new connection (a wrong password, an unknown or disabled
+// user), new connections are not tried for authBackoffFor, and commands
+// fail at once. Without it every request dials, and is refused, on a
+// connection of its own: thousands of connections a second, and as many
+// sockets left in TIME_WAIT.
+type authBackoff struct {
+	until   atomic.Int64
+	refusal atomic.Pointer[error] // Redis's answer, for the log
+}
+
+// authBackoffFor is how long connections are not tried after a refusal.
+const authBackoffFor = time.Second
+
+func (b *authBackoff) Allow() error {
+	if time.Now().UnixNano() < b.until.Load() {
+		return fmt.Errorf("not connecting again for %v after Redis refused to authenticate: %w", authBackoffFor, *b.refusal.Load())
+	}
+	return nil
+}
+
+func (b *authBackoff) ReportResult(err error) {
+	if err != nil && (redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "NOAUTH")) {
+		b.refusal.Store(&err)
+		b.until.Store(time.Now().Add(authBackoffFor).UnixNano())
 	}
 }
 
