@@ -50,7 +50,8 @@ bench: redis
 loadtest: redis
 	./scripts/loadtest.sh
 
-# demo: a storm of duplicate charges at a plain route and a locked one.
+# demo: a storm of duplicate charges, then late retries, at three routes: plain,
+# redis_lock, and redis_lock with idempotency (ARGS=-serve keeps it running).
 demo:
 	$(GO) run ./cmd/demo $(ARGS)
 

@@ -56,6 +56,9 @@ const (
 //   - {http.redis_lock.key}: the Redis key of the lock (hashed: never the raw
 //     request data);
 //   - {http.redis_lock.fencing_token}: the lock's fencing token;
+//   - {http.redis_lock.record_key}: with idempotency, the Redis key of the
+//     request's record (DEL it to let a retry of an outcome-unknown
+//     request run);
 //   - {http.redis_lock.result}: what happened to the request (the list
 //     of results is in results.go and in the README).
 //
@@ -118,7 +121,8 @@ type Handler struct {
 	FencingHeaderOff bool `json:"fencing_header_off,omitempty"`
 
 	// MaxBody is how many bytes of the request body are read when the key
-	// or scope uses {http.redis_lock.json.*}; a larger body gets 413.
+	// or scope uses {http.redis_lock.json.*}, or the idempotency
+	// fingerprint includes the body; a larger body gets 413.
 	// Default: 65536 (64KiB).
 	MaxBody int64 `json:"max_body,omitempty"`
 
