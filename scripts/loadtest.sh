@@ -303,7 +303,7 @@ bad=0 # warm-up errors (first connections) do not count
 
 modes=(plain locked idem replay)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
-declare -A rps_of cpu_caddy_of cpu_redis_of cpu_upstream_of round_rps round_caddy round_redis round_upstream
+declare -A rps_of cpu_caddy_of cpu_redis_of cpu_upstream_of cpu_total_of round_rps round_caddy round_redis round_upstream
 ratios_lp=()
 ratios_il=()
 ratios_rp=()
@@ -344,6 +344,7 @@ while ((i < rounds)); do
 		cpu_caddy_of[$kind]+=" ${round_caddy[$kind]}"
 		cpu_redis_of[$kind]+=" ${round_redis[$kind]}"
 		cpu_upstream_of[$kind]+=" ${round_upstream[$kind]}"
+		cpu_total_of[$kind]+=" $(awk -v a="${round_caddy[$kind]}" -v b="${round_redis[$kind]}" -v c="${round_upstream[$kind]}" 'BEGIN {print a + b + c}')"
 	done
 	ratios_lp+=("$(ratio "${round_rps[locked]}" "${round_rps[plain]}")")
 	ratios_il+=("$(ratio "${round_rps[idem]}" "${round_rps[locked]}")")
@@ -373,11 +374,12 @@ return n" 0)
 
 echo
 echo "== summary: medians of $i counted rounds ($tries run), wrk -t$threads -c$conns -d$duration, ${answer_bytes}-byte JSON answers"
-printf '%-8s %12s   %-34s\n' mode "req/s" "CPU µs/req: caddy   redis upstream"
+printf '%-8s %12s   %s\n' mode "req/s" "CPU µs/req: caddy   redis upstream  all three"
 for kind in "${modes[@]}"; do
 	# shellcheck disable=SC2086 # the lists are space-separated numbers
-	printf '%-8s %12.1f   %17.0f %7.0f %8.0f\n' "$kind" "$(median ${rps_of[$kind]})" \
-		"$(median ${cpu_caddy_of[$kind]})" "$(median ${cpu_redis_of[$kind]})" "$(median ${cpu_upstream_of[$kind]})"
+	printf '%-8s %12.1f   %17.0f %7.0f %8.0f %10.0f\n' "$kind" "$(median ${rps_of[$kind]})" \
+		"$(median ${cpu_caddy_of[$kind]})" "$(median ${cpu_redis_of[$kind]})" "$(median ${cpu_upstream_of[$kind]})" \
+		"$(median ${cpu_total_of[$kind]})"
 done
 echo "ratios per round, locked/plain:  ${ratios_lp[*]}"
 echo "ratios per round, idem/locked:   ${ratios_il[*]}"
