@@ -42,11 +42,13 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
 
-# bench: this library beside bsm/redislock, redsync, rueidislock and a raw floor.
+# bench: this library beside bsm/redislock, redsync, rueidislock and a raw floor;
+# the idempotency records (package record): cost, Redis memory, round trips.
 bench: redis
 	cd bench && ./run.sh
 
-# loadtest: requests per second through redis_lock + reverse_proxy vs plain reverse_proxy.
+# loadtest: requests per second through redis_lock + reverse_proxy vs plain
+# reverse_proxy, and in idempotency mode (stored answers, replays) vs both.
 loadtest: redis
 	./scripts/loadtest.sh
 

@@ -46,6 +46,9 @@ var libs []struct {
 	c    cycler
 }
 
+// redisAddr is the benchmarks' redis-server.
+var redisAddr string
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -61,6 +64,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer srv.Close()
+	redisAddr = srv.Addr
 	redisPID = findRedisPID(srv.Port)
 
 	rl, err := newRueidis(srv.Addr)

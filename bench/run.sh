@@ -4,6 +4,12 @@
 # benchmark binary starts itself. Prints a benchstat table by library and the
 # project's targets for the parallel-distinct-keys shape.
 #
+# Then the idempotency mode's Redis side (package record, a 1 KiB answer):
+# a request that runs (Begin+Complete) and a replay (Begin of a completed
+# key) beside a lock cycle, as a benchstat table by operation; Redis memory
+# per stored 1 KiB answer (TestRecordMemory, once); and the round trips per
+# request that record's TestRoundTripsPerRequest checks (in the main module).
+#
 #   BENCH_COUNT  rounds (default 6)           BENCH_TIME  -benchtime (default 1s)
 #   BENCH        -bench regexp (default .)
 #
@@ -32,11 +38,15 @@ for i in $(seq "$count"); do
 	echo "round $i/$count" >&2
 	"./$bin" -test.run '^$' -test.bench "$bench" -test.benchmem -test.count 1 -test.benchtime "$benchtime" >>"$out"
 done
+echo "Redis memory per stored answer (TestRecordMemory)" >&2
+mem=$("./$bin" -test.run '^TestRecordMemory$' -test.v -test.count 1 | grep -o 'record-memory: .*') ||
+	echo "TestRecordMemory failed: no memory figures" >&2
+awk '{print "# " $0}' <<<"$mem" >>"$out"
 rm -f "$bin"
 echo "raw output: bench/$out"
 echo
 
-go run "$benchstat" -col /lib "$out"
+go run "$benchstat" -filter '-.name:Idempotency' -col /lib "$out"
 
 # Targets, parallel distinct keys, from the medians: reqlock ns/op <= bsm's
 # and <= 1.15x raw's; allocs/op below bsm's.
@@ -64,3 +74,51 @@ awk '
 		printf "  allocs/op reqlock %d, bsm %d  (target: fewer)  %s\n", ra, ba, (ra < ba ? "met" : "MISSED")
 	}
 ' "$out"
+
+# The idempotency mode: a request that runs (execute) and a replay, beside a
+# lock cycle of a new key (lock), by shape.
+echo
+go run "$benchstat" -filter '.name:Idempotency' -col /op -row /shape "$out"
+awk '
+	/^BenchmarkIdempotency\/shape=/ {
+		split($1, a, "/"); shape = substr(a[2], 7); op = substr(a[3], 4); sub(/-[0-9]+$/, "", op)
+		if (!(shape in seen)) { seen[shape] = 1; shapes[++ns] = shape }
+		for (i = 3; i < NF; i++) {
+			u = $(i+1)
+			if (u == "ns/op" || u == "redis-cpu-ns/op" || u == "client-cpu-ns/op" || u == "allocs/op") v[shape, op, u, ++n[shape, op, u]] = $i
+		}
+	}
+	function med(shape, op, u,    i, j, t, m, w) {
+		m = n[shape, op, u]
+		if (!m) return 0
+		for (i = 1; i <= m; i++) w[i] = v[shape, op, u, i] + 0
+		for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (w[j] < w[i]) { t = w[i]; w[i] = w[j]; w[j] = t }
+		return m % 2 ? w[(m + 1) / 2] : (w[m / 2] + w[m / 2 + 1]) / 2
+	}
+	END {
+		if (!ns) exit
+		print ""
+		print "Idempotency, medians (µs per op; execute = Begin+Complete of a new key, replay = Begin of a completed one):"
+		printf "  %-22s %8s %8s %8s %14s %18s %18s %14s\n", "shape", "lock", "execute", "replay", "execute/lock", "redis CPU l/e/r", "client CPU l/e/r", "allocs l/e/r"
+		for (s = 1; s <= ns; s++) {
+			sh = shapes[s]
+			l = med(sh, "lock", "ns/op"); e = med(sh, "execute", "ns/op"); r = med(sh, "replay", "ns/op")
+			printf "  %-22s %8.1f %8.1f %8.1f %14.2f %6.1f/%5.1f/%5.1f %6.1f/%5.1f/%5.1f %4d/%4d/%4d\n", sh, l / 1e3, e / 1e3, r / 1e3, (l > 0 ? e / l : 0),
+				med(sh, "lock", "redis-cpu-ns/op") / 1e3, med(sh, "execute", "redis-cpu-ns/op") / 1e3, med(sh, "replay", "redis-cpu-ns/op") / 1e3,
+				med(sh, "lock", "client-cpu-ns/op") / 1e3, med(sh, "execute", "client-cpu-ns/op") / 1e3, med(sh, "replay", "client-cpu-ns/op") / 1e3,
+				med(sh, "lock", "allocs/op"), med(sh, "execute", "allocs/op"), med(sh, "replay", "allocs/op")
+		}
+	}
+' "$out"
+if [ -n "$mem" ]; then
+	echo
+	echo "Redis memory per stored 1 KiB answer (TestRecordMemory):"
+	awk '{sub(/^record-memory: /, "  "); print}' <<<"$mem"
+fi
+
+# Round trips per request, as record's TestRoundTripsPerRequest checks them
+# (make test runs it too).
+echo
+echo "Round trips per request (record.TestRoundTripsPerRequest, client=plain):"
+(cd .. && go test -count=1 -run '^TestRoundTripsPerRequest$/^client=plain$' -v ./record/) |
+	sed -n 's/^ *roundtrips_test.go:[0-9]*: /  /p'

@@ -1,5 +1,12 @@
--- wrk script: a distinct Idempotency-Key on every request, from the run's
--- nonce (first script argument), the thread number and a counter.
+-- wrk script: an Idempotency-Key on every request, from the run's nonce
+-- (first script argument), the thread number and a counter.
+--
+-- With a second argument N, each thread cycles through its own N keys
+-- (counter 1..N, then 1 again) instead of counting on: the same nonce and N
+-- in two runs send the same keys, so a first run stores their answers and
+-- every request of the next one is a retry of a stored key. Each thread has
+-- keys of its own, and a key comes back only after N requests of its
+-- thread, long after its previous request has finished.
 local threads = 0
 
 function setup(thread)
@@ -9,6 +16,7 @@ end
 
 function init(args)
 	nonce = args[1] or tostring(os.time())
+	cycle = tonumber(args[2] or "") or 0
 	prefix = "lt-" .. nonce .. "-" .. tid .. "-"
 	counter = 0
 	headers = {}
@@ -19,6 +27,9 @@ end
 
 function request()
 	counter = counter + 1
+	if cycle > 0 and counter > cycle then
+		counter = 1
+	end
 	headers["Idempotency-Key"] = prefix .. counter
 	return wrk.format(nil, nil, headers)
 end

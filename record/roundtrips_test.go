@@ -1,0 +1,185 @@
+package record
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// tripCounter is a go-redis hook that records what the client sends: every
+// command, and every round trip (a command on its own, or a pipeline of
+// them, as an autopipeliner sends).
+type tripCounter struct {
+	mu    sync.Mutex
+	cmds  []string
+	trips int
+}
+
+func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.add(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+func (c *tripCounter) add(cmds ...redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips++
+	for _, cmd := range cmds {
+		c.cmds = append(c.cmds, strings.ToLower(cmd.Name()))
+	}
+}
+
+// take returns the commands and round trips since the last take.
+func (c *tripCounter) take() ([]string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmds, trips := c.cmds, c.trips
+	c.cmds, c.trips = nil, 0
+	return cmds, trips
+}
+
+// cmdCalls is the server's count of calls of a command (INFO commandstats).
+func cmdCalls(t *testing.T, admin *redis.Client, name string) int {
+	t.Helper()
+	info, err := admin.Info(ctxT(t), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^cmdstat_` + name + `:calls=(\d+)`).FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// A request costs Redis two round trips, as a lock does (acquire, release):
+// Begin (the record and the lock, one script) and Complete (the answer
+// stored and the lock released, one script). A retry of a completed request
+// costs one: Begin, whose reply is the stored answer. A request given up
+// costs two too: Begin and Abandon. Checked on the client (a hook that sees
+// every command and pipeline) and on the server (INFO commandstats), with a
+// plain client and through the deferred autopipeliner the Caddy handler uses.
+// Once the scripts are loaded: after a Redis restart or a SCRIPT FLUSH the
+// first call of each script adds one (EVALSHA answered NOSCRIPT, then EVAL).
+func TestRoundTripsPerRequest(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = admin.Close() })
+
+	for _, client := range []string{"plain", "autopipeline"} {
+		t.Run("client="+client, func(t *testing.T) {
+			hook := &tripCounter{}
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+			rdb.AddHook(hook)
+			t.Cleanup(func() { _ = rdb.Close() })
+			var c redis.UniversalClient = rdb
+			if client == "autopipeline" {
+				ap, err := rdb.AsyncAutoPipelineWithOptions(redis.DefaultBlockingAutoPipelineOptions())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = ap.Close() })
+				c = ap
+			}
+			s, err := NewStore(lock.New(c, &lock.Config{CallTimeout: 5 * time.Second}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxT(t)
+			opt := lock.Options{TTL: time.Minute}
+			key := func(i int) string { return lock.Key("test:", client, strconv.Itoa(i)) }
+			execute := func(k string) error {
+				lk, err := s.Begin(ctx, k, fp("a"), opt)
+				if err != nil {
+					return fmt.Errorf("Begin of a new key: %w", err)
+				}
+				return s.Complete(ctx, lk, fp("a"), okResponse, time.Hour)
+			}
+			replay := func(k string) error {
+				var done *CompletedError
+				if _, err := s.Begin(ctx, k, fp("a"), opt); !errors.As(err, &done) {
+					return fmt.Errorf("Begin of a completed key: %v, want its stored answer", err)
+				}
+				return nil
+			}
+			abandon := func(k string) error {
+				lk, err := s.Begin(ctx, k, fp("a"), opt)
+				if err != nil {
+					return fmt.Errorf("Begin of a new key: %w", err)
+				}
+				return s.Abandon(ctx, lk)
+			}
+
+			// Warm-up: open the connection and load the scripts.
+			if err := execute(key(-1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := replay(key(-1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := abandon(key(-2)); err != nil {
+				t.Fatal(err)
+			}
+			hook.take()
+			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+
+			const n = 5
+			for _, tc := range []struct {
+				what  string
+				op    func(string) error
+				keys  int // key(keys+i) for the i-th request
+				trips int
+			}{
+				{"executed request (Begin, Complete)", execute, 0, 2},
+				{"replay (Begin of a completed key)", replay, 0, 1},
+				{"request given up (Begin, Abandon)", abandon, 100, 2},
+			} {
+				want := slices.Repeat([]string{"evalsha"}, tc.trips)
+				for i := range n {
+					if err := tc.op(key(tc.keys + i)); err != nil {
+						t.Fatalf("%s %d: %v", tc.what, i, err)
+					}
+					cmds, trips := hook.take()
+					if trips != tc.trips || !slices.Equal(cmds, want) {
+						t.Fatalf("%s %d: %d round trips sending %v, want %d sending %v", tc.what, i, trips, cmds, tc.trips, want)
+					}
+				}
+				t.Logf("%s: %d round trip(s), sending %v", tc.what, tc.trips, want)
+			}
+			// The server agrees: n executed (2 scripts each), n replays (1),
+			// n given up (2), and no EVAL (the scripts stayed cached).
+			if got := cmdCalls(t, admin, "evalsha"); got != 5*n {
+				t.Fatalf("server saw %d EVALSHA, want %d", got, 5*n)
+			}
+			if got := cmdCalls(t, admin, "eval"); got != 0 {
+				t.Fatalf("server saw %d EVAL, want 0", got)
+			}
+		})
+	}
+}
