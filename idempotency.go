@@ -196,8 +196,8 @@ func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint strin
 	if errors.Is(err, lock.ErrUnavailable) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer h.client.done()
-			deadline := time.Now().Add(time.Duration(h.TTL))
-			for wait := time.Duration(0); errors.Is(err, lock.ErrUnavailable) && time.Now().Before(deadline); wait = min(max(2*wait, 50*time.Millisecond), time.Second) {
+			deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
+			for wait := time.Duration(0); errors.Is(err, lock.ErrUnavailable) && time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
 				time.Sleep(wait)
 				err = h.store.Complete(ctx, lk, fingerprint, resp, retention)
 			}
@@ -210,6 +210,12 @@ func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint strin
 	h.client.done()
 	h.stored(lk, resp, err)
 }
+
+// completeRetryFor is how long an outcome is tried again in the background
+// while Redis does not answer (at least a lease): a retry that comes once
+// Redis is back finds it, unless it comes within a try's interval (at most
+// 200ms) of Redis's return.
+const completeRetryFor = 10 * time.Second
 
 // stored counts and logs the end of a completion.
 func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {

@@ -114,6 +114,19 @@ func (r *Redis) Process(ctx context.Context, cmd redis.Cmder) error {
 	return r.rdb.Process(ctx, cmd)
 }
 
+// ProcessPipeline sends cmds in one round trip, in order, on a pooled
+// connection (not through the autopipeliner's queue), bounded by ctx. The
+// error is the first command's that failed, as go-redis reports it.
+func (r *Redis) ProcessPipeline(ctx context.Context, cmds ...redis.Cmder) error {
+	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, cmd := range cmds {
+			_ = p.Process(ctx, cmd)
+		}
+		return nil
+	})
+	return err
+}
+
 // Run runs s with EVALSHA, and once more with EVAL when Redis does not have
 // it cached (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH). Errors
 // are go-redis's, not classified.

@@ -23,19 +23,24 @@ local function issue_fence(counter)
 	return fence
 end
 
--- take writes the lock (a hash whose one field is the holder's token, with
--- the fencing token as its value, so that release is a native HDEL) with its
+-- take writes the lock (a hash whose field is the holder's token, with the
+-- fencing token as its value, so that release is a native HDEL) with its
 -- lease, and returns the fencing token, or an error reply having written
--- nothing that outlives its lease. A script is not a transaction: a command
--- that failed after HSET (an ACL user without PEXPIRE) would leave a lock with
--- no TTL, held for ever. So check first (Redis 7+), and undo should PEXPIRE
--- fail anyway.
-local function take(lock, token, ttl, counter)
+-- nothing that outlives its lease. field and value, when given, are one more
+-- field the holder keeps in the lock (released with its token). A script is
+-- not a transaction: a command that failed after HSET (an ACL user without
+-- PEXPIRE) would leave a lock with no TTL, held for ever. So check first
+-- (Redis 7+), and undo should PEXPIRE fail anyway.
+local function take(lock, token, ttl, counter, field, value)
 	if redis.acl_check_cmd and not redis.acl_check_cmd('PEXPIRE', lock, ttl) then
 		return redis.error_reply('NOPERM this user may not run PEXPIRE on the lock key')
 	end
 	local fence = issue_fence(counter)
-	redis.call('HSET', lock, token, fence)
+	if field then
+		redis.call('HSET', lock, token, fence, field, value)
+	else
+		redis.call('HSET', lock, token, fence)
+	end
 	local ok = redis.pcall('PEXPIRE', lock, ttl)
 	if type(ok) == 'table' and ok.err then
 		redis.pcall('DEL', lock)

@@ -77,10 +77,11 @@ func cmdCalls(t *testing.T, admin *redis.Client, name string) int {
 }
 
 // A request costs Redis two round trips, as a lock does (acquire, release):
-// Begin (the record and the lock, one script) and Complete (the answer
-// stored and the lock released, one script). A retry of a completed request
-// costs one: Begin, whose reply is the stored answer. A request given up
-// costs two too: Begin and Abandon. Checked on the client (a hook that sees
+// Begin (the lock with the request's fingerprint, one script) and Complete
+// (the answer stored and the lock released: SET and HDEL, native, in one
+// pipeline). A retry of a completed request costs one: Begin, whose reply
+// is the stored answer. A request given up costs two too: Begin and
+// Abandon (HDEL). Checked on the client (a hook that sees
 // every command and pipeline) and on the server (INFO commandstats), with a
 // plain client and through the deferred autopipeliner the Caddy handler uses.
 // Once the scripts are loaded: after a Redis restart or a SCRIPT FLUSH the
@@ -155,12 +156,13 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				op    func(string) error
 				keys  int // key(keys+i) for the i-th request
 				trips int
+				want  []string
 			}{
-				{"executed request (Begin, Complete)", execute, 0, 2},
-				{"replay (Begin of a completed key)", replay, 0, 1},
-				{"request given up (Begin, Abandon)", abandon, 100, 2},
+				{"executed request (Begin, Complete)", execute, 0, 2, []string{"evalsha", "set", "hdel"}},
+				{"replay (Begin of a completed key)", replay, 0, 1, []string{"evalsha"}},
+				{"request given up (Begin, Abandon)", abandon, 100, 2, []string{"evalsha", "hdel"}},
 			} {
-				want := slices.Repeat([]string{"evalsha"}, tc.trips)
+				want := tc.want
 				for i := range n {
 					if err := tc.op(key(tc.keys + i)); err != nil {
 						t.Fatalf("%s %d: %v", tc.what, i, err)
@@ -172,10 +174,14 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				}
 				t.Logf("%s: %d round trip(s), sending %v", tc.what, tc.trips, want)
 			}
-			// The server agrees: n executed (2 scripts each), n replays (1),
-			// n given up (2), and no EVAL (the scripts stayed cached).
-			if got := cmdCalls(t, admin, "evalsha"); got != 5*n {
-				t.Fatalf("server saw %d EVALSHA, want %d", got, 5*n)
+			// The server agrees: a script per Begin (n executed, n replays,
+			// n given up), a SET per completion (and one per new lock in the
+			// Begin script, for its fencing counter), an HDEL per completion
+			// and per give-up, and no EVAL (the scripts stayed cached).
+			for cmd, want := range map[string]int{"evalsha": 3 * n, "set": n + 2*n, "hdel": 2 * n} {
+				if got := cmdCalls(t, admin, cmd); got != want {
+					t.Fatalf("server saw %d %s, want %d", got, strings.ToUpper(cmd), want)
+				}
 			}
 			if got := cmdCalls(t, admin, "eval"); got != 0 {
 				t.Fatalf("server saw %d EVAL, want 0", got)

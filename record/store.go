@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
@@ -88,11 +90,21 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 }
 
 // Complete stores resp as the outcome of lk's request for retention and
-// releases lk, in one script; lk's keep-alive stops first. Like a release it
-// runs detached from ctx's cancellation, bounded by the Client's
-// ReleaseTimeout. It returns ErrNotStored when the record is no longer
-// lk's, and an ErrUnavailable error when Redis did not answer.
+// releases lk; lk's keep-alive stops first. Like a release it runs detached
+// from ctx's cancellation, bounded by the Client's ReleaseTimeout. It returns
+// ErrNotStored when the outcome was not stored: another was stored first,
+// or lk's lease ran out and another request has taken the key since (a
+// holder whose lease ran out never overwrites or pre-empts a later one's).
+// It returns an ErrUnavailable error when Redis did not answer.
+//
+// While lk is held it is two native commands in one round trip, no script:
+// SET NX GET stores the record unless one exists, then HDEL releases the
+// lock's token and fingerprint. In that order a request that begins between
+// them finds the record, and a Complete retried after a lost reply finds
+// its own record and counts it as stored. Once lk is lost, a script checks
+// that no other request holds the key first (complete.lua).
 func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *Response, retention time.Duration) error {
+	lost := errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld)
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
 	defer cancel()
@@ -104,14 +116,24 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 	results := make(chan result, len(s.nodes))
 	for i, n := range s.nodes {
 		go func() {
-			cmd, err := n.Run(rctx, completeScript, []string{lk.Key(), Key(lk.Key())},
-				lk.Token(), retention.Milliseconds(), value)
-			if err != nil {
+			if lost {
+				cmd, err := n.Run(rctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
+				if err != nil {
+					results <- result{err: &lock.NodeError{Node: s.names[i], Err: err}}
+					return
+				}
+				v, _ := cmd.Int64()
+				results <- result{stored: v == 1}
+				return
+			}
+			set := redis.NewStringCmd(rctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
+			release := redis.NewIntCmd(rctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
+			if err := n.ProcessPipeline(rctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
 				results <- result{err: &lock.NodeError{Node: s.names[i], Err: err}}
 				return
 			}
-			v, _ := cmd.Int64()
-			results <- result{stored: v == 1}
+			old, err := set.Result()
+			results <- result{stored: errors.Is(err, redis.Nil) || old == string(value)}
 		}()
 	}
 	stored := 0
@@ -133,9 +155,13 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 	return ErrNotStored
 }
 
+// fingerprintField is the field of the lock that holds the fingerprint of
+// token's request while it runs.
+func fingerprintField(token string) string { return "fp:" + token }
+
 // Abandon gives up lk's request with nothing to keep (the backend was never
-// reached, or answered "try again"): the in-progress record is deleted and
-// the lock released, so that a retry runs. It is lk.Release.
+// reached, or answered "try again"): the lock and the fingerprint in it are
+// released, so that a retry runs. It is lk.Release.
 func (s *Store) Abandon(ctx context.Context, lk *lock.Lock) error { return lk.Release(ctx) }
 
 // classify makes a Redis error ErrUnavailable, keeping the caller's own
@@ -175,23 +201,19 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 	return lock.ParseGrant(ctx, cmd.Val())
 }
 
+// Refresh is the lock's: the fingerprint lives in the lock.
 func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	cmd, err := b.node.Run(ctx, refreshScript, []string{key, Key(key)}, token, ttl.Milliseconds())
-	if err != nil {
-		return classify(ctx, err)
-	}
-	if n, _ := cmd.Int64(); n != 1 {
-		return lock.ErrNotHeld
-	}
-	return nil
+	return b.node.Refresh(ctx, key, token, ttl)
 }
 
+// Release gives the request up (Abandon): HDEL of the token and its
+// fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
-	cmd, err := b.node.Run(ctx, abandonScript, []string{key, Key(key)}, token)
-	if err != nil {
+	cmd := redis.NewIntCmd(ctx, "hdel", key, token, fingerprintField(token))
+	if err := b.node.Process(ctx, cmd); err != nil {
 		return classify(ctx, err)
 	}
-	if n, _ := cmd.Int64(); n != 1 {
+	if cmd.Val() == 0 {
 		return lock.ErrNotHeld
 	}
 	return nil

@@ -52,13 +52,16 @@ func TestBeginCompleteReplay(t *testing.T) {
 	if lk.Fence() <= 0 {
 		t.Fatalf("fence %d", lk.Fence())
 	}
-	// In progress: the record holds the fingerprint and the owner, with
-	// the lock's lease.
-	if v := rdb.Get(ctx, Key(key)).Val(); v != "P"+fp("a")+lk.Token() {
-		t.Fatalf("in-progress record %q", v)
+	// In progress: the lock holds the fingerprint beside the token, with
+	// its lease; no record yet.
+	if got := rdb.HGetAll(ctx, key).Val(); len(got) != 2 || got["fp:"+lk.Token()] != fp("a") {
+		t.Fatalf("lock in progress %v, want the token and its fingerprint", got)
 	}
-	if p := rdb.PTTL(ctx, Key(key)).Val(); p <= 9*time.Second || p > 10*time.Second {
-		t.Fatalf("in-progress record PTTL %v, want the 10s lease", p)
+	if p := rdb.PTTL(ctx, key).Val(); p <= 9*time.Second || p > 10*time.Second {
+		t.Fatalf("lock PTTL %v, want the 10s lease", p)
+	}
+	if rdb.Exists(ctx, Key(key)).Val() != 0 {
+		t.Fatal("a record before completion")
 	}
 	// A duplicate waits its turn, another request under the key is refused.
 	_, err = s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
@@ -130,7 +133,7 @@ func TestAbandonLetsRetryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
-		t.Fatalf("%d keys left after Abandon", n)
+		t.Fatalf("%d keys left after Abandon: %v", n, rdb.HGetAll(ctx, key).Val())
 	}
 	lk2, err := s.Begin(ctx, key, fp("b"), lock.Options{TTL: 10 * time.Second})
 	if err != nil {
@@ -177,6 +180,7 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key, Key(key)).Val() == 0 })
+	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return lk.Context().Err() != nil })
 	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
 		t.Fatalf("late completion with the key free: %v, want stored", err)
 	}
@@ -191,6 +195,7 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
+	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return old.Context().Err() != nil })
 	newer, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -198,8 +203,11 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 	if err := s.Complete(ctx, old, fp("a"), &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
 		t.Fatalf("late completion over a newer holder: %v, want ErrNotStored", err)
 	}
-	if v := rdb.Get(ctx, Key(key)).Val(); v != "P"+fp("a")+newer.Token() {
-		t.Fatalf("newer holder's record overwritten: %q", v)
+	if rdb.Exists(ctx, Key(key)).Val() != 0 {
+		t.Fatal("the stale holder's outcome was stored while a newer holder runs")
+	}
+	if got := rdb.HGet(ctx, key, "fp:"+newer.Token()).Val(); got != fp("a") {
+		t.Fatalf("newer holder's fingerprint %q", got)
 	}
 	if err := context.Cause(newer.Context()); err != nil {
 		t.Fatalf("newer holder lost its lock: %v", err)
@@ -338,5 +346,25 @@ func TestRedlockRecords(t *testing.T) {
 	}
 	if rdbs[1].Exists(ctx, key).Val() != 0 {
 		t.Fatal("a lock was left on master 1")
+	}
+}
+
+// A Complete retried after its reply was lost finds its own record: stored.
+func TestCompleteRetryCountsAsStored(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "complete-twice")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+		t.Fatalf("second Complete of the same outcome: %v, want stored", err)
+	}
+	if err := s.Complete(ctx, lk, fp("a"), &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
+		t.Fatalf("Complete of another outcome over a stored one: %v, want ErrNotStored", err)
 	}
 }

@@ -94,10 +94,10 @@ func TestEmbeddedRedisRunsLockScripts(t *testing.T) {
 	}
 }
 
-// The embedded server must also run the idempotency records' scripts as
-// Redis does: begin (GETRANGE, SET PX, PTTL beside the lock's take), refresh,
-// complete with a binary response and abandon, with records that expire on
-// the wall clock.
+// The embedded server must also run the idempotency records' commands as
+// Redis does: the begin script (GETRANGE, HGETALL, PTTL beside the lock's
+// take), refresh, completion (SET NX GET PX with a binary response, HDEL)
+// and giving up, with records that expire on the wall clock.
 func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	r, err := startEmbedded()
 	if err != nil {
@@ -129,12 +129,12 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
 		t.Fatalf("another request under the key: %v, want ErrMismatch", err)
 	}
-	time.Sleep(700 * time.Millisecond) // > 2 leases: only refresh keeps the lock and the record
+	time.Sleep(700 * time.Millisecond) // > 2 leases: only refresh keeps the lock and its fingerprint
 	if err := lk.Context().Err(); err != nil {
 		t.Fatalf("lock lost despite renewals: %v", context.Cause(lk.Context()))
 	}
-	if p := rdb.PTTL(ctx, record.Key(key)).Val(); p <= 0 {
-		t.Fatalf("in-progress record PTTL %v after refreshes, want a lease", p)
+	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
+		t.Fatalf("another request under the key after refreshes: %v, want ErrMismatch", err)
 	}
 
 	body := make([]byte, 256) // every byte value, as a compressed body has
