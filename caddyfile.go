@@ -46,6 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			master_name       <name>
 //			username          <user>
 //			password          <password>
+//			sentinel_username <user>
 //			sentinel_password <password>
 //			db                <n>
 //			tls               [{ ca <file>; cert <file>; key <file>; server_name <name>; insecure_skip_verify }]
@@ -148,6 +149,8 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = oneArg(d, &c.Username)
 		case "password":
 			err = oneArg(d, &c.Password)
+		case "sentinel_username":
+			err = oneArg(d, &c.SentinelUsername)
 		case "sentinel_password":
 			err = oneArg(d, &c.SentinelPassword)
 		case "db":

@@ -86,14 +86,16 @@ type Handler struct {
 	// Default: 0 (do not wait).
 	Wait caddy.Duration `json:"wait,omitempty"`
 
-	// Prefix of the Redis keys: locks are <prefix>{<sha256 hex>}, and
-	// <prefix>fence holds the last fencing token issued under the prefix.
-	// Default: "redis_lock:".
+	// Prefix of the Redis keys: locks are <prefix>{<h4>}<h> (h the hex
+	// SHA-256 of scope and key, h4 its first 4 digits), records
+	// <lock>:result, and <prefix>{<h4>}fence holds the last fencing token
+	// issued to the locks of that tag. Default: "redis_lock:".
 	Prefix string `json:"prefix,omitempty"`
 
 	// Scope is a template (same placeholders as Key) hashed into the key
-	// together with it, for example a tenant:
-	// {http.request.header.Authorization}. Default: empty.
+	// together with it: a tenant, best an authenticated identity such as
+	// {http.auth.user.id}, never a header a client can choose. Default:
+	// empty.
 	Scope string `json:"scope,omitempty"`
 
 	// MissingKey is what happens when the key is missing: "reject" answers

@@ -64,6 +64,7 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 		return pipelined(redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName:       c.MasterName,
 			SentinelAddrs:    c.Addresses,
+			SentinelUsername: c.SentinelUsername,
 			SentinelPassword: c.SentinelPassword,
 			Username:         c.Username,
 			Password:         c.Password,

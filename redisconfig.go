@@ -44,6 +44,8 @@ type RedisConfig struct {
 	Username string `json:"username,omitempty"`
 	// Password for Redis authentication. Never printed or logged.
 	Password string `json:"password,omitempty"`
+	// SentinelUsername is the ACL user to authenticate to Sentinels as.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
 	// SentinelPassword authenticates to Sentinels. Never printed or logged.
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 	// DB is the database number. Default: 0.
@@ -102,8 +104,8 @@ func (c *RedisConfig) validate() error {
 	default:
 		return fmt.Errorf("unknown redis mode %q (want standalone, cluster, sentinel or redlock)", c.Mode)
 	}
-	if c.Mode != ModeSentinel && (c.MasterName != "" || c.SentinelPassword != "") {
-		return fmt.Errorf("master_name and sentinel_password are for sentinel mode")
+	if c.Mode != ModeSentinel && (c.MasterName != "" || c.SentinelUsername != "" || c.SentinelPassword != "") {
+		return fmt.Errorf("master_name, sentinel_username and sentinel_password are for sentinel mode")
 	}
 	if c.DB < 0 {
 		return fmt.Errorf("db must not be negative, got %d", c.DB)
@@ -145,6 +147,7 @@ func (c *RedisConfig) resolve() (*RedisConfig, error) {
 	r.MasterName = sub(r.MasterName)
 	r.Username = sub(r.Username)
 	r.Password = sub(r.Password)
+	r.SentinelUsername = sub(r.SentinelUsername)
 	r.SentinelPassword = sub(r.SentinelPassword)
 	if c.TLS != nil {
 		t := *c.TLS
@@ -173,6 +176,7 @@ func (c *RedisConfig) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	enc.AddString("addresses", fmt.Sprint(r.Addresses))
 	enc.AddString("username", r.Username)
 	enc.AddString("password", r.Password)
+	enc.AddString("sentinel_username", r.SentinelUsername)
 	enc.AddString("sentinel_password", r.SentinelPassword)
 	enc.AddInt("db", r.DB)
 	enc.AddBool("tls", r.TLS != nil)

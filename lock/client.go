@@ -103,7 +103,8 @@ func (c *Client) Backend() Backend { return c.b }
 // h is the hex SHA-256 of scope + NUL + name. Hashing keeps client data out
 // of Redis key names and keys fixed-length. The braces are a Cluster hash
 // tag: the lock, its fencing counter (CounterKey) and an idempotency record
-// share a slot, and the 65,536 tags spread the locks over every slot.
+// share a slot, and the 65,536 tags spread the locks evenly over the
+// slots (and so over a Cluster's masters).
 func Key(prefix, scope, name string) string {
 	h := sha256.New()
 	h.Write([]byte(scope))

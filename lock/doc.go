@@ -4,10 +4,11 @@
 // every earlier holder's; a keep-alive renews the lease and cancels the
 // lock's Context as soon as the lock may have been lost (Redis reports
 // another holder, or the local lease deadline passes without a successful
-// renewal); Release deletes the lock only if it is still the caller's. It
-// takes a go-redis redis.UniversalClient for a standalone Redis or a
-// Sentinel-managed one (Redis Cluster is not supported) and does not
-// depend on Caddy.
+// renewal); Release deletes the lock only if it is still the caller's. A
+// Client works through a Backend: Redis, on any go-redis client (a
+// standalone server, a Sentinel-managed primary, a Cluster: a lock and its
+// fencing counter share a hash slot), or Redlock over several independent
+// masters. It does not depend on Caddy.
 //
 // A lease is a timing assumption: a holder that pauses for longer than its
 // lease can still act after another holder has taken over. Where that

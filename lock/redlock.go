@@ -240,7 +240,8 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 }
 
 // Release deletes the lock on every master; it is released when a majority
-// deleted it.
+// deleted it, which it returns as soon as they did: a master that hangs
+// does not hold the caller (its release ends with ctx).
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Release(ctx, key, token) })
 	released := 0
@@ -249,15 +250,14 @@ func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 		r := <-replies
 		switch {
 		case r.err == nil:
-			released++
+			if released++; released >= rl.quorum {
+				return nil
+			}
 		case !errors.Is(r.err, ErrNotHeld):
 			errs = append(errs, rl.nodeError(r.node, r.err))
 		}
 	}
-	switch {
-	case released >= rl.quorum:
-		return nil
-	case len(errs) > 0:
+	if len(errs) > 0 {
 		return fmt.Errorf("%w: released on %d of %d masters: %w", ErrUnavailable, released, len(rl.nodes), errors.Join(errs...))
 	}
 	return ErrNotHeld

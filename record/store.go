@@ -107,7 +107,6 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 	lost := errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld)
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
-	defer cancel()
 	value := encode(fingerprint, resp)
 	type result struct {
 		stored bool
@@ -136,19 +135,29 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 			results <- result{stored: errors.Is(err, redis.Nil) || old == string(value)}
 		}()
 	}
+	// Stored as soon as a majority stored it: a Redlock master that hangs
+	// does not hold the response. The other masters' writes go on until
+	// they answer or ReleaseTimeout passes.
 	stored := 0
 	var errs []error
-	for range s.nodes {
+	for i := range s.nodes {
 		r := <-results
 		if r.err != nil {
 			errs = append(errs, r.err)
 		} else if r.stored {
-			stored++
+			if stored++; stored >= s.quorum {
+				go func() {
+					for range len(s.nodes) - i - 1 {
+						<-results
+					}
+					cancel()
+				}()
+				return nil
+			}
 		}
 	}
+	cancel()
 	switch {
-	case stored >= s.quorum:
-		return nil
 	case len(errs) > 0:
 		return fmt.Errorf("%w: stored on %d of %d: %w", lock.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
 	}
