@@ -114,17 +114,33 @@ func (r *Redis) Process(ctx context.Context, cmd redis.Cmder) error {
 	return r.rdb.Process(ctx, cmd)
 }
 
-// ProcessPipeline sends cmds in one round trip, in order, on a pooled
-// connection (not through the autopipeliner's queue), bounded by ctx. The
-// error is the first command's that failed, as go-redis reports it.
-func (r *Redis) ProcessPipeline(ctx context.Context, cmds ...redis.Cmder) error {
-	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, cmd := range cmds {
-			_ = p.Process(ctx, cmd)
+// ProcessAll runs cmds in order and waits for all of them, at most until
+// ctx ends. Through a deferred autopipeliner they are queued one after the
+// other on its ordered stream, where they share batches (a round trip each
+// batch) with other callers' commands, as the lock's own commands do; on
+// another client they are one pipeline. The error is the first command's
+// that failed.
+func (r *Redis) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
+	if r.async == nil {
+		_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, cmd := range cmds {
+				_ = p.Process(ctx, cmd)
+			}
+			return nil
+		})
+		return err
+	}
+	futures := make([]redis.AutoFuture, len(cmds))
+	for i, cmd := range cmds {
+		futures[i] = r.async.Submit(ctx, cmd)
+	}
+	var first error
+	for _, f := range futures {
+		if err := f.WaitContext(ctx); err != nil && first == nil {
+			first = err
 		}
-		return nil
-	})
-	return err
+	}
+	return first
 }
 
 // Run runs s with EVALSHA, and once more with EVAL when Redis does not have

@@ -78,8 +78,9 @@ func cmdCalls(t *testing.T, admin *redis.Client, name string) int {
 
 // A request costs Redis two round trips, as a lock does (acquire, release):
 // Begin (the lock with the request's fingerprint, one script) and Complete
-// (the answer stored and the lock released: SET and HDEL, native, in one
-// pipeline). A retry of a completed request costs one: Begin, whose reply
+// (the answer stored and the lock released: SET and HDEL, native, sent
+// together: one pipeline, or queued one after the other on the
+// autopipeliner's stream, where they ride one batch). A retry of a completed request costs one: Begin, whose reply
 // is the stored answer. A request given up costs two too: Begin and
 // Abandon (HDEL). Checked on the client (a hook that sees
 // every command and pipeline) and on the server (INFO commandstats), with a

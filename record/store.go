@@ -97,7 +97,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // holder whose lease ran out never overwrites or pre-empts a later one's).
 // It returns an ErrUnavailable error when Redis did not answer.
 //
-// While lk is held it is two native commands in one round trip, no script:
+// While lk is held it is two native commands sent together, no script:
 // SET NX GET stores the record unless one exists, then HDEL releases the
 // lock's token and fingerprint. In that order a request that begins between
 // them finds the record, and a Complete retried after a lost reply finds
@@ -127,7 +127,7 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 			}
 			set := redis.NewStringCmd(rctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
 			release := redis.NewIntCmd(rctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
-			if err := n.ProcessPipeline(rctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
+			if err := n.ProcessAll(rctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
 				results <- result{err: &lock.NodeError{Node: s.names[i], Err: err}}
 				return
 			}
