@@ -240,40 +240,36 @@ var clients = caddy.NewUsagePool()
 type pooledClient struct {
 	backend  lock.Backend
 	close    func() error
-	mu       sync.Mutex
-	inFlight int  // requests between hold and done
-	retired  bool // Destruct was called
+	inFlight atomic.Int64 // requests between hold and done
+	retired  atomic.Bool  // Destruct was called
+	closed   sync.Once
 }
 
 // hold marks a request that may take a lock through p; done must follow.
-func (p *pooledClient) hold() {
-	p.mu.Lock()
-	p.inFlight++
-	p.mu.Unlock()
-}
+// Atomics, not a mutex: every request passes here twice.
+func (p *pooledClient) hold() { p.inFlight.Add(1) }
 
 // done ends a hold, closing a retired client after its last request.
 func (p *pooledClient) done() {
-	p.mu.Lock()
-	p.inFlight--
-	last := p.retired && p.inFlight == 0
-	p.mu.Unlock()
-	if last {
-		_ = p.close()
+	if p.inFlight.Add(-1) == 0 && p.retired.Load() {
+		p.closeOnce()
 	}
 }
 
 // Destruct closes the client when its last user is cleaned up, or, while
 // requests still hold it, when the last of them is done.
 func (p *pooledClient) Destruct() error {
-	p.mu.Lock()
-	p.retired = true
-	idle := p.inFlight == 0
-	p.mu.Unlock()
-	if idle {
-		return p.close()
+	p.retired.Store(true)
+	if p.inFlight.Load() == 0 {
+		return p.closeOnce()
 	}
 	return nil
+}
+
+// closeOnce closes the client the first time it is called.
+func (p *pooledClient) closeOnce() (err error) {
+	p.closed.Do(func() { err = p.close() })
+	return err
 }
 
 // acquireClient returns the shared client for c and its pool key; every call

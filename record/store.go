@@ -108,31 +108,26 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
 	value := encode(fingerprint, resp)
+	if len(s.nodes) == 1 {
+		defer cancel()
+		stored, err := s.completeOn(rctx, 0, lk, value, retention, lost)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
+		case !stored:
+			return ErrNotStored
+		}
+		return nil
+	}
 	type result struct {
 		stored bool
 		err    error
 	}
 	results := make(chan result, len(s.nodes))
-	for i, n := range s.nodes {
+	for i := range s.nodes {
 		go func() {
-			if lost {
-				cmd, err := n.Run(rctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
-				if err != nil {
-					results <- result{err: &lock.NodeError{Node: s.names[i], Err: err}}
-					return
-				}
-				v, _ := cmd.Int64()
-				results <- result{stored: v == 1}
-				return
-			}
-			set := redis.NewStringCmd(rctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
-			release := redis.NewIntCmd(rctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
-			if err := n.ProcessAll(rctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
-				results <- result{err: &lock.NodeError{Node: s.names[i], Err: err}}
-				return
-			}
-			old, err := set.Result()
-			results <- result{stored: errors.Is(err, redis.Nil) || old == string(value)}
+			stored, err := s.completeOn(rctx, i, lk, value, retention, lost)
+			results <- result{stored, err}
 		}()
 	}
 	// Stored as soon as a majority stored it: a Redlock master that hangs
@@ -157,11 +152,31 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 		}
 	}
 	cancel()
-	switch {
-	case len(errs) > 0:
+	if len(errs) > 0 {
 		return fmt.Errorf("%w: stored on %d of %d: %w", lock.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
 	}
 	return ErrNotStored
+}
+
+// completeOn stores value as lk's record on node i and releases lk there;
+// it reports whether the record is lk's (stored now or by an earlier try).
+func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []byte, retention time.Duration, lost bool) (bool, error) {
+	n := s.nodes[i]
+	if lost {
+		cmd, err := n.Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
+		if err != nil {
+			return false, &lock.NodeError{Node: s.names[i], Err: err}
+		}
+		v, _ := cmd.Int64()
+		return v == 1, nil
+	}
+	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
+	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
+	if err := n.ProcessAll(ctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
+		return false, &lock.NodeError{Node: s.names[i], Err: err}
+	}
+	old, err := set.Result()
+	return errors.Is(err, redis.Nil) || old == string(value), nil
 }
 
 // fingerprintField is the field of the lock that holds the fingerprint of
