@@ -80,7 +80,7 @@ func cmdCalls(t *testing.T, admin *redis.Client, name string) int {
 // Begin (the lock with the request's fingerprint, one script) and Complete
 // (the answer stored and the lock released: SET and HDEL, native, sent
 // together: one pipeline, or queued one after the other on the
-// autopipeliner's stream, where they ride one batch). A retry of a completed request costs one: Begin, whose reply
+// autopipeliner's stream, where they nearly always ride one batch). A retry of a completed request costs one: Begin, whose reply
 // is the stored answer. A request given up costs two too: Begin and
 // Abandon (HDEL). Checked on the client (a hook that sees
 // every command and pipeline) and on the server (INFO commandstats), with a
@@ -169,7 +169,15 @@ func TestRoundTripsPerRequest(t *testing.T) {
 						t.Fatalf("%s %d: %v", tc.what, i, err)
 					}
 					cmds, trips := hook.take()
-					if trips != tc.trips || !slices.Equal(cmds, want) {
+					// Through the autopipeliner, the completion's SET and
+					// HDEL are queued together and nearly always ride one
+					// batch; when the flusher takes the SET alone, the
+					// HDEL follows in the next one.
+					maxTrips := tc.trips
+					if client == "autopipeline" {
+						maxTrips = len(want)
+					}
+					if trips < tc.trips || trips > maxTrips || !slices.Equal(cmds, want) {
 						t.Fatalf("%s %d: %d round trips sending %v, want %d sending %v", tc.what, i, trips, cmds, tc.trips, want)
 					}
 				}
