@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 )
 
 // Outcome is what a completed record says about its request.
@@ -55,7 +57,10 @@ func encode(fingerprint string, r *Response) []byte {
 	b = append(b, formatVersion, byte(r.Outcome))
 	b = binary.BigEndian.AppendUint16(b, uint16(r.Status))
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
-	for name, vals := range r.Header {
+	// In sorted order: the same response always encodes to the same bytes,
+	// which is how a retried completion recognises its own record.
+	for _, name := range slices.Sorted(maps.Keys(r.Header)) {
+		vals := r.Header[name]
 		b = appendString(b, name)
 		b = binary.AppendUvarint(b, uint64(len(vals)))
 		for _, v := range vals {
