@@ -241,22 +241,37 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 
 // Release deletes the lock on every master; it is released when a majority
 // deleted it, which it returns as soon as they did: a master that hangs
-// does not hold the caller (its release ends with ctx).
+// does not hold the caller. The other masters' releases go on, within
+// ctx's deadline, after Release returned.
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
-	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Release(ctx, key, token) })
+	var rctx context.Context
+	var cancel context.CancelFunc
+	if d, ok := ctx.Deadline(); ok {
+		rctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), d)
+	} else {
+		rctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	}
+	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Release(rctx, key, token) })
 	released := 0
 	var errs []error
-	for range rl.nodes {
+	for i := range rl.nodes {
 		r := <-replies
 		switch {
 		case r.err == nil:
 			if released++; released >= rl.quorum {
+				go func() {
+					for range len(rl.nodes) - i - 1 {
+						<-replies
+					}
+					cancel()
+				}()
 				return nil
 			}
 		case !errors.Is(r.err, ErrNotHeld):
 			errs = append(errs, rl.nodeError(r.node, r.err))
 		}
 	}
+	cancel()
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: released on %d of %d masters: %w", ErrUnavailable, released, len(rl.nodes), errors.Join(errs...))
 	}
