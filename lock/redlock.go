@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,39 @@ type Redlock struct {
 	nodes  []Backend
 	names  []string
 	quorum int
+
+	// attempts holds the *attempt of each key and token whose acquire is
+	// not settled on every master yet.
+	attempts sync.Map
+}
+
+// attempt is one acquire of a key and token on every master. A call
+// returns once a majority decided, so a master may answer after it. A
+// release of that master waits for its answer, or the release could reach
+// it first and the late acquire leave the lock there for its whole lease.
+// The next acquire of the same token (a retry) on that master waits until
+// what a failed attempt took there is given back, or the late give-back
+// could delete the retry's grant; the other masters do not wait.
+type attempt struct {
+	answered []chan struct{} // closed when that master answered
+	settled  []chan struct{} // closed when that master answered and, if the attempt failed, gave back
+}
+
+func newAttempt(n int) *attempt {
+	at := &attempt{answered: make([]chan struct{}, n), settled: make([]chan struct{}, n)}
+	for i := range n {
+		at.answered[i], at.settled[i] = make(chan struct{}), make(chan struct{})
+	}
+	return at
+}
+
+// forget drops at from rl once every master settled, unless a later
+// attempt took its place.
+func (rl *Redlock) forget(id string, at *attempt) {
+	for _, s := range at.settled {
+		<-s
+	}
+	rl.attempts.CompareAndDelete(id, at)
 }
 
 // fenceRaiser is a node that can take a fencing token issued elsewhere.
@@ -138,13 +172,33 @@ const (
 // tryAcquire is one attempt of TryAcquire; granted is how many masters gave
 // the lock (all of it given back unless err is nil).
 func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.Duration) (fence int64, granted int, err error) {
+	id := key + "\x00" + token
+	var prev *attempt
+	if p, ok := rl.attempts.Load(id); ok {
+		prev = p.(*attempt)
+	}
+	at := newAttempt(len(rl.nodes))
+	rl.attempts.Store(id, at)
+	go rl.forget(id, at)
 	start := time.Now()
-	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return n.TryAcquire(ctx, key, token, ttl) })
+	replies := rl.fanOut(func(i int, n Backend) (int64, error) {
+		defer close(at.answered[i])
+		if prev != nil {
+			select {
+			case <-prev.settled[i]:
+			case <-ctx.Done():
+				return 0, fmt.Errorf("%w: the last attempt on this master is not settled: %w", ErrUnavailable, ctx.Err())
+			}
+		}
+		return n.TryAcquire(ctx, key, token, ttl)
+	})
+	answers := make([]*reply, len(rl.nodes))
 	refused := 0
 	var remaining time.Duration
 	var errs []error
 	for range rl.nodes {
 		r := <-replies
+		answers[r.node] = &r
 		var ne *NotObtainedError
 		switch {
 		case r.err == nil:
@@ -156,7 +210,7 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 		case errors.Is(r.err, ErrUnavailable) || ctx.Err() != nil:
 			errs = append(errs, rl.nodeError(r.node, r.err))
 		default: // an answer of the node's own, such as a stored result
-			rl.releaseAll(ctx, key, token)
+			rl.giveBack(ctx, key, token, ttl, at, answers, replies)
 			return 0, 0, r.err
 		}
 		if granted >= rl.quorum || len(errs)+refused > len(rl.nodes)-rl.quorum {
@@ -167,15 +221,22 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	switch {
 	case granted >= rl.quorum && validity > 0:
 		if err := rl.raiseFence(ctx, key, fence); err != nil {
-			rl.releaseAll(ctx, key, token)
+			rl.giveBack(ctx, key, token, ttl, at, answers, replies)
 			return 0, granted, err
+		}
+		// Late answers are grants of this lock, or nothing to give back.
+		for i := range rl.nodes {
+			go func() {
+				<-at.answered[i]
+				close(at.settled[i])
+			}()
 		}
 		return fence, granted, nil
 	case granted >= rl.quorum:
-		rl.releaseAll(ctx, key, token)
+		rl.giveBack(ctx, key, token, ttl, at, answers, replies)
 		return 0, granted, fmt.Errorf("%w: a majority granted the lock after its validity time", ErrUnavailable)
 	}
-	rl.releaseAll(ctx, key, token)
+	rl.giveBack(ctx, key, token, ttl, at, answers, replies)
 	if len(errs) <= len(rl.nodes)-rl.quorum {
 		return 0, granted, &NotObtainedError{Remaining: remaining}
 	}
@@ -205,11 +266,44 @@ func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) erro
 	return fmt.Errorf("%w: the fencing token could not be written back to a majority: %w", ErrUnavailable, errors.Join(errs...))
 }
 
-// releaseAll releases what a failed attempt may have taken, on every
-// master, within the attempt's own deadline: the lease ends what it misses
-// (and the Client cleans up again after an unavailable one).
-func (rl *Redlock) releaseAll(ctx context.Context, key, token string) {
-	_ = rl.Release(ctx, key, token)
+// giveBack releases what a failed attempt took: at once on the masters that
+// granted it, and, in the background, on those that failed (their write may
+// have landed) and on those yet to answer once they granted or failed, within
+// ctx's deadline (or the lease, without one), as a master that hangs must
+// not hold the caller. Each master settles when its part is done.
+func (rl *Redlock) giveBack(ctx context.Context, key, token string, ttl time.Duration, at *attempt, answers []*reply, replies <-chan reply) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(ttl)
+	}
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	settle := func(r reply) {
+		var ne *NotObtainedError
+		if !errors.As(r.err, &ne) {
+			_ = rl.nodes[r.node].Release(bctx, key, token)
+		}
+		close(at.settled[r.node])
+	}
+	var now, later sync.WaitGroup
+	pending := 0
+	for _, r := range answers {
+		switch {
+		case r == nil:
+			pending++
+		case r.err == nil:
+			now.Go(func() { settle(*r) })
+		default:
+			later.Go(func() { settle(*r) })
+		}
+	}
+	for range pending {
+		later.Go(func() { settle(<-replies) })
+	}
+	now.Wait()
+	go func() {
+		later.Wait()
+		cancel()
+	}()
 }
 
 // Refresh extends the lease on a majority.
@@ -242,7 +336,8 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 // Release deletes the lock on every master; it is released when a majority
 // deleted it, which it returns as soon as they did: a master that hangs
 // does not hold the caller. The other masters' releases go on, within
-// ctx's deadline, after Release returned.
+// ctx's deadline, after Release returned. A master still answering the
+// acquire is released once it answered.
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 	var rctx context.Context
 	var cancel context.CancelFunc
@@ -251,7 +346,20 @@ func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 	} else {
 		rctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	}
-	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Release(rctx, key, token) })
+	var answered []chan struct{}
+	if at, ok := rl.attempts.Load(key + "\x00" + token); ok {
+		answered = at.(*attempt).answered
+	}
+	replies := rl.fanOut(func(i int, n Backend) (int64, error) {
+		if answered != nil {
+			select {
+			case <-answered[i]:
+			case <-rctx.Done():
+				return 0, rctx.Err()
+			}
+		}
+		return 0, n.Release(rctx, key, token)
+	})
 	released := 0
 	var errs []error
 	for i := range rl.nodes {

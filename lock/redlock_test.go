@@ -149,3 +149,91 @@ func TestRedlockMinorityHeldElsewhere(t *testing.T) {
 	}
 	_ = l
 }
+
+// slowMaster is a master whose acquires wait until gate is closed: the
+// master a majority does not wait for.
+type slowMaster struct {
+	*Redis
+	gate chan struct{}
+}
+
+func (m slowMaster) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
+	<-m.gate
+	return m.Redis.TryAcquire(ctx, key, token, ttl)
+}
+
+// slowLast returns the Redlock of three masters whose last one answers
+// acquires only once the returned gate is closed.
+func slowLast(t *testing.T) ([]*redis.Client, *Redlock, chan struct{}) {
+	t.Helper()
+	_, rdbs, _ := masters(t, 3)
+	gate := make(chan struct{})
+	nodes := []Backend{NewRedis(rdbs[0]), NewRedis(rdbs[1]), slowMaster{NewRedis(rdbs[2]), gate}}
+	rl, err := NewRedlockOf(nodes, []string{"m0", "m1", "m2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	})
+	return rdbs, rl, gate
+}
+
+// A lock released before a slow master granted it is released there too
+// once it did, not left there for its lease.
+func TestRedlockReleaseBeforeLateGrant(t *testing.T) {
+	rdbs, rl, gate := slowLast(t)
+	c := NewWithBackend(rl, &Config{CallTimeout: 5 * time.Second})
+	ctx := ctxT(t)
+	key := testKey(t)
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	for i, rdb := range rdbs {
+		redistest.Eventually(t, 2*time.Second, fmt.Sprintf("lock gone from master %d", i), func() bool {
+			return rdb.Exists(ctx, key).Val() == 0
+		})
+	}
+}
+
+// A refused attempt does not wait for a slow master, and gives back what
+// that master grants later. A retry with the same token does not wait for
+// it either, but its own acquire on that master waits until the give-back
+// there is done, so that the give-back does not delete the retry's grant.
+func TestRedlockRefusedAttemptGivesBackLateGrant(t *testing.T) {
+	rdbs, rl, gate := slowLast(t)
+	ctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
+	defer cancel()
+	key := testKey(t)
+	holdAs(t, rdbs[0], key, "other", time.Minute)
+	holdAs(t, rdbs[1], key, "other", time.Minute)
+	var ne *NotObtainedError
+	if _, err := rl.TryAcquire(ctx, key, "tok", time.Minute); !errors.As(err, &ne) {
+		t.Fatalf("acquire against a majority held elsewhere: %v, want NotObtained before the slow master answered", err)
+	}
+
+	rdbs[0].Del(ctx, key)
+	rdbs[1].Del(ctx, key)
+	if _, err := rl.TryAcquire(ctx, key, "tok", time.Minute); err != nil {
+		t.Fatalf("retry with the slow master still pending: %v", err)
+	}
+	close(gate)
+	for i, rdb := range rdbs {
+		redistest.Eventually(t, 2*time.Second, fmt.Sprintf("retry's lock on master %d", i), func() bool {
+			return rdb.HExists(ctx, key, "tok").Val()
+		})
+	}
+	// Nothing of the first attempt is left to delete it.
+	time.Sleep(100 * time.Millisecond)
+	for i, rdb := range rdbs {
+		if !rdb.HExists(ctx, key, "tok").Val() {
+			t.Fatalf("the retry's lock was deleted from master %d", i)
+		}
+	}
+}
