@@ -305,12 +305,14 @@ func stormTwoNodes(t *testing.T, redisLine string, keys, perKey int) *storm {
 
 // nextFencesIncrease sends one more request per key, through the other
 // node than before, and checks that its fencing token is higher.
-func (st *storm) nextFencesIncrease(t *testing.T) {
+func (st *storm) nextFencesIncrease(t *testing.T) (slowest time.Duration) {
 	t.Helper()
 	k := 0
 	for key, first := range st.firstFence {
 		k++
+		sent := time.Now()
 		r, err := sendRequest(context.Background(), st.client, "POST", st.nodes[k%2].URL+"/pay", `{"amount":100}`, "Idempotency-Key", key)
+		slowest = max(slowest, time.Since(sent))
 		if err != nil || r.Status != 200 {
 			t.Fatalf("next request for %s: %v %v", key, err, r)
 		}
@@ -318,6 +320,7 @@ func (st *storm) nextFencesIncrease(t *testing.T) {
 			t.Errorf("key %s: next fencing token %d, want above %d", key, f, first)
 		}
 	}
+	return slowest
 }
 
 // Idempotency across nodes: concurrent duplicates split over two Caddy

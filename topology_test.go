@@ -170,6 +170,25 @@ func TestRedlockTopology(t *testing.T) {
 			st := stormTwoNodes(t, redisLine, 10, 8)
 			st.nextFencesIncrease(t)
 
+			// A minority that hangs (paused: it accepts and never answers):
+			// still locked, and no answer waits for it, as every step
+			// returns once a majority answered.
+			for i := range n / 2 {
+				if err := srvs[i].Pause(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			slowest := st.nextFencesIncrease(t)
+			t.Logf("slowest answer with %d of %d masters paused: %v", n/2, n, slowest)
+			if slowest >= 300*time.Millisecond {
+				t.Errorf("an answer waited for a paused master: %v, want less than the 300ms timeout", slowest)
+			}
+			for i := range n / 2 {
+				if err := srvs[i].Resume(); err != nil {
+					t.Fatal(err)
+				}
+			}
+
 			// A minority stopped: still locked, fencing still increasing.
 			for i := range n / 2 {
 				srvs[i].Stop()
