@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 // caddyBinary is ./cmd/caddy (Caddy with this plugin), built once for the
@@ -100,6 +102,7 @@ http://127.0.0.1:%d {
 	path := writeFile(t, dir, "Caddyfile", cf)
 	out := new(bytes.Buffer)
 	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
+	cmd.SysProcAttr = redistest.SysProcAttr()
 	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -149,8 +149,7 @@ func (s *Server) start() error {
 		cmd.Stdout, cmd.Stderr = log, log
 		defer log.Close() // the child has its own copy after Start
 	}
-	// Own process group, so a test's SIGSTOP reaches only this server.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = SysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
