@@ -57,60 +57,32 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	opt := universalOptions(c, tlsCfg)
 	switch c.Mode {
 	case ModeSentinel:
 		// A failover client follows the Sentinels' +switch-master and
 		// reconnects to the new primary, with no restart.
-		return pipelined(redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:       c.MasterName,
-			SentinelAddrs:    c.Addresses,
-			SentinelUsername: c.SentinelUsername,
-			SentinelPassword: c.SentinelPassword,
-			Username:         c.Username,
-			Password:         c.Password,
-			DB:               c.DB,
-			TLSConfig:        tlsCfg,
-			PoolSize:         c.PoolSize,
-			DialTimeout:      time.Duration(c.DialTimeout),
-			ReadTimeout:      time.Duration(c.Timeout),
-			WriteTimeout:     time.Duration(c.Timeout),
-			MaxRetries:       1,
-			DialerRetries:    1,
-
-			ContextTimeoutEnabled: true,
-		}))
+		return pipelined(redis.NewFailoverClient(opt.Failover()))
 	case ModeCluster:
 		// The cluster client routes each script to the node of its keys'
 		// slot (a lock, its counter and its record share one), and follows
 		// MOVED and ASK redirects and failovers.
-		return pipelined(redis.NewClusterClient(&redis.ClusterOptions{
-			// go-redis reloads the slot layout on MOVED, but not when the
-			// master of a slot stops answering: without a short reload
-			// interval (its default is a minute) the slots of a failed
-			// master stay on it long after its replica took over.
-			ClusterStateReloadInterval: time.Second,
-			Addrs:                      c.Addresses,
-			NewClient: func(opt *redis.Options) *redis.Client {
-				opt.Limiter = new(authBackoff)
-				return redis.NewClient(opt)
-			},
-			Username:      c.Username,
-			Password:      c.Password,
-			TLSConfig:     tlsCfg,
-			PoolSize:      c.PoolSize,
-			DialTimeout:   time.Duration(c.DialTimeout),
-			ReadTimeout:   time.Duration(c.Timeout),
-			WriteTimeout:  time.Duration(c.Timeout),
-			MaxRetries:    1,
-			DialerRetries: 1,
-
-			ContextTimeoutEnabled: true,
-		}))
+		co := opt.Cluster()
+		// go-redis reloads the slot layout on MOVED, but not when the
+		// master of a slot stops answering: without a short reload
+		// interval (its default is a minute) the slots of a failed
+		// master stay on it long after its replica took over.
+		co.ClusterStateReloadInterval = time.Second
+		co.NewClient = func(o *redis.Options) *redis.Client {
+			o.Limiter = new(authBackoff)
+			return redis.NewClient(o)
+		}
+		return pipelined(redis.NewClusterClient(co))
 	case ModeRedlock:
 		var nodes []lock.Backend
 		var closers []func() error
 		for _, addr := range c.Addresses {
-			b, closeNode, err := pipelined(redis.NewClient(standaloneOptions(c, addr, tlsCfg)))
+			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr)))
 			if err != nil {
 				return nil, nil, errors.Join(err, closeAll(closers)())
 			}
@@ -122,18 +94,22 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 		}
 		return rl, closeAll(closers), nil
 	}
-	return pipelined(redis.NewClient(standaloneOptions(c, c.Addresses[0], tlsCfg)))
+	return pipelined(redis.NewClient(serverOptions(opt, c.Addresses[0])))
 }
 
-// standaloneOptions are the options of a client of one server.
-func standaloneOptions(c *RedisConfig, addr string, tlsCfg *tls.Config) *redis.Options {
-	return &redis.Options{
-		Addr:      addr,
-		Username:  c.Username,
-		Password:  c.Password,
-		DB:        c.DB,
-		TLSConfig: tlsCfg,
-		PoolSize:  c.PoolSize,
+// universalOptions are the options every mode shares; go-redis derives
+// each mode's own from them.
+func universalOptions(c *RedisConfig, tlsCfg *tls.Config) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:            c.Addresses,
+		MasterName:       c.MasterName,
+		SentinelUsername: c.SentinelUsername,
+		SentinelPassword: c.SentinelPassword,
+		Username:         c.Username,
+		Password:         c.Password,
+		DB:               c.DB,
+		TLSConfig:        tlsCfg,
+		PoolSize:         c.PoolSize,
 		// Request contexts bound every command; Timeout bounds the rest.
 		ContextTimeoutEnabled: true,
 		DialTimeout:           time.Duration(c.DialTimeout),
@@ -146,8 +122,15 @@ func standaloneOptions(c *RedisConfig, addr string, tlsCfg *tls.Config) *redis.O
 		// never applies twice.
 		MaxRetries:    1,
 		DialerRetries: 1,
-		Limiter:       new(authBackoff),
 	}
+}
+
+// serverOptions are the options of a client of the one server at addr.
+func serverOptions(opt *redis.UniversalOptions, addr string) *redis.Options {
+	o := opt.Simple()
+	o.Addr = addr
+	o.Limiter = new(authBackoff)
+	return o
 }
 
 // authBackoff is go-redis's Limiter for one server: after Redis refused to
