@@ -159,22 +159,13 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 			release(errors.Is(cause, lock.ErrNotHeld))
 			hw.discard()
 			if !counted {
-				if errors.Is(cause, lock.ErrNotHeld) {
-					h.lockLost(lk, cause)
-					h.count(repl, resultLost)
-				} else {
-					h.count(repl, resultAcquired)
-				}
+				h.countPanicked(repl, lk, cause)
 			}
 			panic(p)
 		}
 	}()
 
-	repl.Set(phFence, lk.Fence())
-	repl.Set(phResult, resultAcquired)
-	if !h.FencingHeaderOff {
-		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
-	}
+	h.runUnder(r, repl, lk)
 	req := r
 	if h.LostLock == LostLockAbort {
 		// Cancels the upstream request when the lock is lost.
@@ -207,6 +198,27 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	_ = hw.finish() // a failed write means the client is gone
 	hw.free()
 	return nextErr
+}
+
+// runUnder marks r as running under lk: its result acquired, its fencing
+// token in the placeholder and, unless turned off, the request header.
+func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock) {
+	repl.Set(phFence, lk.Fence())
+	repl.Set(phResult, resultAcquired)
+	if !h.FencingHeaderOff {
+		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
+	}
+}
+
+// countPanicked counts a request whose next handler panicked: lost when its
+// lock was (cause), acquired otherwise.
+func (h *Handler) countPanicked(repl *caddy.Replacer, lk *lock.Lock, cause error) {
+	if errors.Is(cause, lock.ErrNotHeld) {
+		h.lockLost(lk, cause)
+		h.count(repl, resultLost)
+		return
+	}
+	h.count(repl, resultAcquired)
 }
 
 // lockLost logs and counts a lock lost while its request was in flight.

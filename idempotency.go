@@ -95,21 +95,12 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 			cause := context.Cause(lk.Context())
 			finish(h.unknownOutcome(), errors.Is(cause, lock.ErrNotHeld))
 			hw.discard()
-			if errors.Is(cause, lock.ErrNotHeld) {
-				h.lockLost(lk, cause)
-				h.count(repl, resultLost)
-			} else {
-				h.count(repl, resultAcquired)
-			}
+			h.countPanicked(repl, lk, cause)
 			panic(p)
 		}
 	}()
 
-	repl.Set(phFence, lk.Fence())
-	repl.Set(phResult, resultAcquired)
-	if !h.FencingHeaderOff {
-		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
-	}
+	h.runUnder(r, repl, lk)
 	restrictAcceptEncoding(r)
 	// Detached from the client: its record outlives it, so that its retry
 	// gets the answer. Cancelled when the lock is lost (lost_lock abort),
