@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 func TestKeyKnownVector(t *testing.T) {
@@ -45,24 +46,9 @@ func TestKeyKnownVector(t *testing.T) {
 	}
 }
 
-// cmdstat returns the server's call count for one command.
-func cmdstat(t *testing.T, admin *redis.Client, name string) int {
-	t.Helper()
-	info, err := admin.Info(ctxT(t), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^cmdstat_` + name + `:calls=(\d+)`).FindStringSubmatch(info)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
-
 func TestAcquireAndReleaseOneRoundTrip(t *testing.T) {
 	srv, admin := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	c := New(newRDB(t, srv.Addr, hook), nil)
 	ctx := ctxT(t)
 	key := testKey(t)
@@ -77,7 +63,7 @@ func TestAcquireAndReleaseOneRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hook.take()
+	hook.Take()
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -87,34 +73,34 @@ func TestAcquireAndReleaseOneRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cmds := hook.take(); len(cmds) != 1 || cmds[0] != "evalsha" {
+		if cmds, _ := hook.Take(); len(cmds) != 1 || cmds[0] != "evalsha" {
 			t.Fatalf("cycle %d: uncontended Acquire sent %v, want exactly [evalsha]", i, cmds)
 		}
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if cmds := hook.take(); len(cmds) != 1 || cmds[0] != "hdel" {
+		if cmds, _ := hook.Take(); len(cmds) != 1 || cmds[0] != "hdel" {
 			t.Fatalf("cycle %d: Release sent %v, want exactly [hdel]", i, cmds)
 		}
 	}
 	// The server agrees: 5 script calls, no EVAL fallback, 5 HDEL.
-	if n := cmdstat(t, admin, "evalsha"); n != 5 {
+	if n := redistest.Calls(t, srv.Addr, "evalsha"); n != 5 {
 		t.Fatalf("server saw %d EVALSHA, want 5", n)
 	}
-	if n := cmdstat(t, admin, "hdel"); n != 5 {
+	if n := redistest.Calls(t, srv.Addr, "hdel"); n != 5 {
 		t.Fatalf("server saw %d HDEL, want 5", n)
 	}
-	if n := cmdstat(t, admin, "eval"); n != 0 {
+	if n := redistest.Calls(t, srv.Addr, "eval"); n != 0 {
 		t.Fatalf("server saw %d EVAL, want 0", n)
 	}
 
 	// Contention is one round trip as well.
 	holder := mustAcquire(t, c, key, Options{TTL: time.Minute})
-	hook.take()
+	hook.Take()
 	if _, err := c.Acquire(ctx, key, Options{TTL: time.Minute}); !errors.Is(err, ErrNotObtained) {
 		t.Fatalf("contended Acquire: %v", err)
 	}
-	if cmds := hook.take(); len(cmds) != 1 {
+	if cmds, _ := hook.Take(); len(cmds) != 1 {
 		t.Fatalf("contended Acquire sent %v, want one command", cmds)
 	}
 	_ = holder

@@ -2,8 +2,6 @@ package lock
 
 import (
 	"context"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,46 +37,6 @@ func newRDB(t testing.TB, addr string, hooks ...redis.Hook) *redis.Client {
 // trips it, cancelled when t ends.
 func ctxT(t testing.TB) context.Context {
 	return redistest.Context(t, 20*time.Second)
-}
-
-// cmdCounter is a go-redis hook that records every command the client sends,
-// to count round trips.
-type cmdCounter struct {
-	mu   sync.Mutex
-	cmds []string
-}
-
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.add(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			c.add(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (c *cmdCounter) add(cmd redis.Cmder) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.cmds = append(c.cmds, strings.ToLower(cmd.Name()))
-}
-
-// take returns the commands recorded since the last take.
-func (c *cmdCounter) take() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := c.cmds
-	c.cmds = nil
-	return out
 }
 
 // waitDone waits up to d for ctx to end and returns how long that took.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -169,7 +170,7 @@ func TestKeepAliveLeaseExpiresWhileRedisPaused(t *testing.T) {
 
 func TestNoRenewExpiresAtDeadline(t *testing.T) {
 	srv, _ := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	rdb := newRDB(t, srv.Addr, hook)
 	ctx := ctxT(t)
 	c := New(rdb, nil)
@@ -185,7 +186,7 @@ func TestNoRenewExpiresAtDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := time.Now()
-	hook.take()
+	hook.Take()
 	// sent + ttl - (ttl/100 + 2ms), with sent between before and after.
 	margin := ttl/100 + 2*time.Millisecond
 	d := l.Deadline()
@@ -201,7 +202,7 @@ func TestNoRenewExpiresAtDeadline(t *testing.T) {
 	if cause := context.Cause(l.Context()); !errors.Is(cause, ErrLeaseExpired) || !errors.Is(cause, ErrNotHeld) {
 		t.Fatalf("cause = %v, want ErrLeaseExpired (which is ErrNotHeld)", cause)
 	}
-	if cmds := hook.take(); len(cmds) != 0 {
+	if cmds, _ := hook.Take(); len(cmds) != 0 {
 		t.Fatalf("a no-renew lock sent %v while held", cmds)
 	}
 }
@@ -228,7 +229,7 @@ func TestLockWithPassedDeadline(t *testing.T) {
 // After Release the keep-alive sends nothing and reports nothing.
 func TestKeepAliveStopsOnRelease(t *testing.T) {
 	srv, _ := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	rdb := newRDB(t, srv.Addr, hook)
 	ctx := ctxT(t)
 	var renewals atomic.Int64
@@ -241,12 +242,12 @@ func TestKeepAliveStopsOnRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := renewals.Load()
-	hook.take()
+	hook.Take()
 	time.Sleep(10 * renew)
 	if got := renewals.Load(); got != n {
 		t.Fatalf("%d renewals after Release", got-n)
 	}
-	if cmds := hook.take(); len(cmds) != 0 {
+	if cmds, _ := hook.Take(); len(cmds) != 0 {
 		t.Fatalf("commands after Release: %v", cmds)
 	}
 	if rdb.Exists(ctx, key).Val() != 0 {
@@ -329,7 +330,7 @@ func TestNoGoroutineOutlivesLock(t *testing.T) {
 // and the keep-alive stops instead of retrying until the lease deadline.
 func TestKeepAliveStopsWhenCallerContextEnds(t *testing.T) {
 	srv, _ := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	rdb := newRDB(t, srv.Addr, hook)
 	c := New(rdb, nil)
 	key := testKey(t)
@@ -348,9 +349,9 @@ func TestKeepAliveStopsWhenCallerContextEnds(t *testing.T) {
 		t.Fatalf("cause = %v, want the caller's context.Canceled", cause)
 	}
 	time.Sleep(2 * renew) // at most one tick may already be under way
-	hook.take()
+	hook.Take()
 	time.Sleep(10 * renew)
-	if cmds := hook.take(); len(cmds) != 0 {
+	if cmds, _ := hook.Take(); len(cmds) != 0 {
 		t.Fatalf("keep-alive still running after the caller's context ended: %d commands", len(cmds))
 	}
 	// Release still frees the key.

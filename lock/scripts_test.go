@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 // readScript reads a .lua file of the package as shipped.
@@ -55,7 +57,7 @@ func containsWord(src, w string) bool {
 // gets NOSCRIPT and the call falls back to EVAL, which reloads the script.
 func TestScriptFlushFallsBackToEval(t *testing.T) {
 	srv, admin := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	c := New(newRDB(t, srv.Addr, hook), nil)
 	ctx := ctxT(t)
 	key := testKey(t)
@@ -64,11 +66,11 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 		if err := admin.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		hook.take()
+		hook.Take()
 	}
 	wantFallback := func(what string) {
 		t.Helper()
-		if cmds := hook.take(); !slices.Equal(cmds, []string{"evalsha", "eval"}) {
+		if cmds, _ := hook.Take(); !slices.Equal(cmds, []string{"evalsha", "eval"}) {
 			t.Fatalf("%s after SCRIPT FLUSH sent %v, want [evalsha eval]", what, cmds)
 		}
 	}
@@ -87,7 +89,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 	if _, err := c.Acquire(ctx, key, Options{TTL: time.Minute}); !errors.Is(err, ErrNotObtained) {
 		t.Fatalf("contended Acquire: %v", err)
 	}
-	if cmds := hook.take(); !slices.Equal(cmds, []string{"evalsha"}) {
+	if cmds, _ := hook.Take(); !slices.Equal(cmds, []string{"evalsha"}) {
 		t.Fatalf("second Acquire sent %v", cmds)
 	}
 
@@ -105,7 +107,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release after SCRIPT FLUSH: %v", err)
 	}
-	if cmds := hook.take(); !slices.Equal(cmds, []string{"hdel"}) {
+	if cmds, _ := hook.Take(); !slices.Equal(cmds, []string{"hdel"}) {
 		t.Fatalf("Release after SCRIPT FLUSH sent %v, want [hdel]", cmds)
 	}
 	if n := admin.Exists(ctx, key).Val(); n != 0 {

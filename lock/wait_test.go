@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 func TestWaitObtainsAfterRelease(t *testing.T) {
@@ -71,12 +73,12 @@ func TestWaitObtainsAfterLeaseExpires(t *testing.T) {
 
 func TestNoWaitFailsAtOnce(t *testing.T) {
 	srv, _ := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	c := New(newRDB(t, srv.Addr, hook), nil)
 	ctx := ctxT(t)
 	key := testKey(t)
 	mustAcquire(t, c, key, Options{TTL: time.Minute})
-	hook.take()
+	hook.Take()
 	start := time.Now()
 	_, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
 	if !errors.Is(err, ErrNotObtained) {
@@ -85,7 +87,7 @@ func TestNoWaitFailsAtOnce(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("Acquire without Wait took %v", d)
 	}
-	if cmds := hook.take(); len(cmds) != 1 {
+	if cmds, _ := hook.Take(); len(cmds) != 1 {
 		t.Fatalf("Acquire without Wait sent %v, want one attempt", cmds)
 	}
 }
@@ -94,12 +96,12 @@ func TestNoWaitFailsAtOnce(t *testing.T) {
 // lease); its attempts back off exponentially instead of hammering Redis.
 func TestWaitBoundedWithBackoff(t *testing.T) {
 	srv, _ := startRedis(t)
-	hook := &cmdCounter{}
+	hook := &redistest.Commands{}
 	c := New(newRDB(t, srv.Addr, hook), nil)
 	ctx := ctxT(t)
 	key := testKey(t)
 	mustAcquire(t, c, key, Options{TTL: time.Minute})
-	hook.take()
+	hook.Take()
 	const wait = time.Second
 	start := time.Now()
 	_, err := c.Acquire(ctx, key, Options{TTL: time.Minute, Wait: wait})
@@ -116,7 +118,8 @@ func TestWaitBoundedWithBackoff(t *testing.T) {
 	}
 	// 8ms doubling to a 256ms cap, with jitter down to half a step: at most
 	// about 15 attempts in 1s; a fixed 8ms poll would make over 100.
-	n := len(hook.take())
+	cmds, _ := hook.Take()
+	n := len(cmds)
 	t.Logf("%d attempts in a %v wait", n, wait)
 	if n < 3 || n > 20 {
 		t.Fatalf("%d attempts in a %v wait, want exponential backoff", n, wait)

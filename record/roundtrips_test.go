@@ -1,14 +1,11 @@
 package record
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,64 +14,6 @@ import (
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
-
-// tripCounter is a go-redis hook that records what the client sends: every
-// command, and every round trip (a command on its own, or a pipeline of
-// them, as an autopipeliner sends).
-type tripCounter struct {
-	mu    sync.Mutex
-	cmds  []string
-	trips int
-}
-
-func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.add(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.add(cmds...)
-		return next(ctx, cmds)
-	}
-}
-
-func (c *tripCounter) add(cmds ...redis.Cmder) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.trips++
-	for _, cmd := range cmds {
-		c.cmds = append(c.cmds, strings.ToLower(cmd.Name()))
-	}
-}
-
-// take returns the commands and round trips since the last take.
-func (c *tripCounter) take() ([]string, int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cmds, trips := c.cmds, c.trips
-	c.cmds, c.trips = nil, 0
-	return cmds, trips
-}
-
-// cmdCalls is the server's count of calls of a command (INFO commandstats).
-func cmdCalls(t *testing.T, admin *redis.Client, name string) int {
-	t.Helper()
-	info, err := admin.Info(ctxT(t), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^cmdstat_` + name + `:calls=(\d+)`).FindStringSubmatch(info)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
 
 // A request costs Redis two round trips, as a lock does (acquire, release):
 // Begin (the lock with the request's fingerprint, one script) and Complete
@@ -94,7 +33,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 
 	for _, client := range []string{"plain", "autopipeline"} {
 		t.Run("client="+client, func(t *testing.T) {
-			hook := &tripCounter{}
+			hook := &redistest.Commands{}
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 			rdb.AddHook(hook)
 			t.Cleanup(func() { _ = rdb.Close() })
@@ -146,7 +85,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			if err := abandon(key(-2)); err != nil {
 				t.Fatal(err)
 			}
-			hook.take()
+			hook.Take()
 			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -168,7 +107,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 					if err := tc.op(key(tc.keys + i)); err != nil {
 						t.Fatalf("%s %d: %v", tc.what, i, err)
 					}
-					cmds, trips := hook.take()
+					cmds, trips := hook.Take()
 					// Through the autopipeliner, the completion's SET and
 					// HDEL are queued together and nearly always ride one
 					// batch; when the flusher takes the SET alone, the
@@ -188,11 +127,11 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			// Begin script, for its fencing counter), an HDEL per completion
 			// and per give-up, and no EVAL (the scripts stayed cached).
 			for cmd, want := range map[string]int{"evalsha": 3 * n, "set": n + 2*n, "hdel": 2 * n} {
-				if got := cmdCalls(t, admin, cmd); got != want {
+				if got := redistest.Calls(t, srv.Addr, cmd); got != want {
 					t.Fatalf("server saw %d %s, want %d", got, strings.ToUpper(cmd), want)
 				}
 			}
-			if got := cmdCalls(t, admin, "eval"); got != 0 {
+			if got := redistest.Calls(t, srv.Addr, "eval"); got != 0 {
 				t.Fatalf("server saw %d EVAL, want 0", got)
 			}
 		})
