@@ -362,9 +362,11 @@ func TestRedlockRecords(t *testing.T) {
 	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
 		t.Fatalf("retry with the record on one master: %v, want the stored response", err)
 	}
-	if rdbs[1].Exists(ctx, key).Val() != 0 {
-		t.Fatal("a lock was left on master 1")
-	}
+	// Given back at once if master 1 answered before master 2, else once
+	// it does.
+	redistest.Eventually(t, 2*time.Second, "the lock taken on master 1 released", func() bool {
+		return rdbs[1].Exists(ctx, key).Val() == 0
+	})
 }
 
 // A Complete retried after its reply was lost finds its own record: stored.
