@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/quorum"
 )
 
 // Redlock is the Backend of N independent Redis masters (N odd, at least
@@ -350,36 +352,25 @@ func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 	if at, ok := rl.attempts.Load(key + "\x00" + token); ok {
 		answered = at.(*attempt).answered
 	}
-	replies := rl.fanOut(func(i int, n Backend) (int64, error) {
+	released, errs := quorum.Call(rctx, cancel, len(rl.nodes), rl.quorum, func(ctx context.Context, i int) (bool, error) {
 		if answered != nil {
 			select {
 			case <-answered[i]:
-			case <-rctx.Done():
-				return 0, rctx.Err()
+			case <-ctx.Done():
+				return false, rl.nodeError(i, ctx.Err())
 			}
 		}
-		return 0, n.Release(rctx, key, token)
+		switch err := rl.nodes[i].Release(ctx, key, token); {
+		case errors.Is(err, ErrNotHeld):
+			return false, nil
+		case err != nil:
+			return false, rl.nodeError(i, err)
+		}
+		return true, nil
 	})
-	released := 0
-	var errs []error
-	for i := range rl.nodes {
-		r := <-replies
-		switch {
-		case r.err == nil:
-			if released++; released >= rl.quorum {
-				go func() {
-					for range len(rl.nodes) - i - 1 {
-						<-replies
-					}
-					cancel()
-				}()
-				return nil
-			}
-		case !errors.Is(r.err, ErrNotHeld):
-			errs = append(errs, rl.nodeError(r.node, r.err))
-		}
+	if released >= rl.quorum {
+		return nil
 	}
-	cancel()
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: released on %d of %d masters: %w", ErrUnavailable, released, len(rl.nodes), errors.Join(errs...))
 	}

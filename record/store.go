@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/quorum"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
@@ -119,39 +120,15 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 		}
 		return nil
 	}
-	type result struct {
-		stored bool
-		err    error
-	}
-	results := make(chan result, len(s.nodes))
-	for i := range s.nodes {
-		go func() {
-			stored, err := s.completeOn(rctx, i, lk, value, retention, lost)
-			results <- result{stored, err}
-		}()
-	}
 	// Stored as soon as a majority stored it: a Redlock master that hangs
 	// does not hold the response. The other masters' writes go on until
 	// they answer or ReleaseTimeout passes.
-	stored := 0
-	var errs []error
-	for i := range s.nodes {
-		r := <-results
-		if r.err != nil {
-			errs = append(errs, r.err)
-		} else if r.stored {
-			if stored++; stored >= s.quorum {
-				go func() {
-					for range len(s.nodes) - i - 1 {
-						<-results
-					}
-					cancel()
-				}()
-				return nil
-			}
-		}
+	stored, errs := quorum.Call(rctx, cancel, len(s.nodes), s.quorum, func(ctx context.Context, i int) (bool, error) {
+		return s.completeOn(ctx, i, lk, value, retention, lost)
+	})
+	if stored >= s.quorum {
+		return nil
 	}
-	cancel()
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: stored on %d of %d: %w", lock.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
 	}
