@@ -68,7 +68,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	acquired := time.Now()
 	hw := newHoldWriter(w)
 	rec := newRecordingWriter(hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead)
-	finished := false
+	finished, counted := false, false
 	// finish stores resp (nil: gives the record up) and releases the lock,
 	// waiting on Redis for at most the client's timeout.
 	finish := func(resp *record.Response, lost bool) {
@@ -95,7 +95,9 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 			cause := context.Cause(lk.Context())
 			finish(h.unknownOutcome(), errors.Is(cause, lock.ErrNotHeld))
 			hw.discard()
-			h.countPanicked(repl, lk, cause)
+			if !counted {
+				h.countPanicked(repl, lk, cause)
+			}
 			panic(p)
 		}
 	}()
@@ -131,6 +133,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		// background.
 		finish(h.unknownOutcome(), true)
 		h.count(repl, resultLost)
+		counted = true
 		if hw.started {
 			hw.discard()
 			panic(http.ErrAbortHandler) // the client must not see a complete-looking response
@@ -148,7 +151,8 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		hw.free()
 		return nextErr
 	case nextErr != nil:
-		if neverReached(nextErr) {
+		// Cut off a lease after the client left: sent, not answered.
+		if neverReached(nextErr) && !errors.Is(context.Cause(reqCtx), errClientGoneTooLong) {
 			finish(nil, lost)
 			h.countOutcome(repl, r, lost)
 			return nextErr

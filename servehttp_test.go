@@ -412,3 +412,28 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 	}
 	return m.GetCounter().GetValue()
 }
+
+// In idempotency mode too, a lock lost after the response began is counted
+// once: the abort's panic passes through the handler's own recover.
+func TestIdempotentLostLockAfterResponseStartedCountedOnce(t *testing.T) {
+	srv, rdb := newRedis(t)
+	h := unitHandler(t, srv.Addr, func(h *Handler) {
+		fastRenew(h)
+		h.Idempotency = &IdempotencyConfig{}
+	})
+	key := lock.Key(DefaultPrefix, "", "k13")
+	var sawCancel atomic.Bool
+	r, repl := unitRequest("POST", "k13", "")
+	lostBefore := counterValue(t, metrics.lost)
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		h.ServeHTTP(newProbeWriter(), r, loseLock(t, rdb, key, "partial", &sawCancel))
+	}()
+	if recovered != http.ErrAbortHandler || !sawCancel.Load() {
+		t.Fatalf("recovered %v, upstream cancelled %v; want an abort after the cancellation", recovered, sawCancel.Load())
+	}
+	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
+		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))
+	}
+}
