@@ -37,9 +37,10 @@ func (e *NotObtainedError) Error() string {
 // Is makes errors.Is(err, ErrNotObtained) true.
 func (e *NotObtainedError) Is(target error) bool { return target == ErrNotObtained }
 
-// classify turns a Redis call error into the package's errors: the caller's
+// Classify turns a Redis call error into the package's errors: the caller's
 // own cancellation stays a context error, anything else is ErrUnavailable.
-func classify(ctx context.Context, err error) error {
+// For Backends of other packages that run their own commands.
+func Classify(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}

@@ -36,18 +36,18 @@ func TestErrorsAreDistinct(t *testing.T) {
 	if !errors.Is(ne, ErrNotObtained) || errors.Is(ne, ErrNotHeld) || errors.Is(ne, ErrUnavailable) {
 		t.Error("NotObtainedError must match ErrNotObtained only")
 	}
-	// classify keeps the caller's context error, wraps anything else.
+	// Classify keeps the caller's context error, wraps anything else.
 	cctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := classify(cctx, errors.New("x")); !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
-		t.Errorf("classify(cancelled) = %v", err)
+	if err := Classify(cctx, errors.New("x")); !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
+		t.Errorf("Classify(cancelled) = %v", err)
 	}
-	if err := classify(context.Background(), errors.New("x")); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("classify = %v", err)
+	if err := Classify(context.Background(), errors.New("x")); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Classify = %v", err)
 	}
 	// An internal deadline (not the caller's) is unavailability only.
-	if err := classify(context.Background(), context.DeadlineExceeded); !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("classify(internal deadline) = %v", err)
+	if err := Classify(context.Background(), context.DeadlineExceeded); !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Classify(internal deadline) = %v", err)
 	}
 }
 

@@ -35,7 +35,7 @@ func NewRedis(rdb redis.UniversalClient) *Redis {
 func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
 	cmd, err := r.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds())
 	if err != nil {
-		return 0, classify(ctx, err)
+		return 0, Classify(ctx, err)
 	}
 	return ParseGrant(ctx, cmd.Val())
 }
@@ -52,18 +52,18 @@ func ParseGrant(ctx context.Context, reply any) (int64, error) {
 	case int64: // negative: no TTL, or just gone
 		return 0, &NotObtainedError{Remaining: max(time.Duration(v), 0) * time.Millisecond}
 	}
-	return 0, classify(ctx, fmt.Errorf("unexpected reply from a lock script: %T %v", reply, reply))
+	return 0, Classify(ctx, fmt.Errorf("unexpected reply from a lock script: %T %v", reply, reply))
 }
 
 // Refresh extends key's lease to ttl if it still holds token.
 func (r *Redis) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
 	cmd, err := r.Run(ctx, refreshScript, []string{key}, token, ttl.Milliseconds())
 	if err != nil {
-		return classify(ctx, err)
+		return Classify(ctx, err)
 	}
 	n, err := cmd.Int64()
 	if err != nil {
-		return classify(ctx, err)
+		return Classify(ctx, err)
 	}
 	if n != 1 {
 		return ErrNotHeld
@@ -75,22 +75,34 @@ func (r *Redis) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 // field, and Redis deletes the key with its last field. No script, so no
 // script cache to miss either.
 func (r *Redis) Release(ctx context.Context, key, token string) error {
-	cmd := redis.NewIntCmd(ctx, "hdel", key, token)
-	if err := r.Process(ctx, cmd); err != nil {
-		return classify(ctx, err)
+	return r.ReleaseFields(ctx, key, token)
+}
+
+// ReleaseFields is Release that also deletes fields the holder kept in the
+// lock beside its token (in the same HDEL).
+func (r *Redis) ReleaseFields(ctx context.Context, key, token string, fields ...string) error {
+	args := make([]any, 0, 3+len(fields))
+	args = append(args, "hdel", key, token)
+	for _, f := range fields {
+		args = append(args, f)
 	}
-	if cmd.Val() != 1 {
+	cmd := redis.NewIntCmd(ctx, args...)
+	if err := r.Process(ctx, cmd); err != nil {
+		return Classify(ctx, err)
+	}
+	if cmd.Val() == 0 {
 		return ErrNotHeld
 	}
 	return nil
 }
+
 
 // RaiseFence sets the fencing counter of key to fence unless it is already
 // at or above it: Redlock writes the winning token back to a majority, so
 // that every later majority issues larger ones.
 func (r *Redis) RaiseFence(ctx context.Context, key string, fence int64) error {
 	if _, err := r.Run(ctx, raiseScript, []string{CounterKey(key)}, strconv.FormatInt(fence, 10)); err != nil {
-		return classify(ctx, err)
+		return Classify(ctx, err)
 	}
 	return nil
 }

@@ -165,15 +165,6 @@ func fingerprintField(token string) string { return "fp:" + token }
 // released, so that a retry runs. It is lk.Release.
 func (s *Store) Abandon(ctx context.Context, lk *lock.Lock) error { return lk.Release(ctx) }
 
-// classify makes a Redis error ErrUnavailable, keeping the caller's own
-// context errors.
-func classify(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
-}
-
 // begin is the Backend of one Begin on one Redis: the lock taken with the
 // record, and refreshed and released with it.
 type begin struct {
@@ -185,7 +176,7 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 	cmd, err := b.node.Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)},
 		token, ttl.Milliseconds(), b.fingerprint)
 	if err != nil {
-		return 0, classify(ctx, err)
+		return 0, lock.Classify(ctx, err)
 	}
 	if v, ok := cmd.Val().(string); ok && v != "" {
 		switch v[0] {
@@ -210,14 +201,7 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 // Release gives the request up (Abandon): HDEL of the token and its
 // fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
-	cmd := redis.NewIntCmd(ctx, "hdel", key, token, fingerprintField(token))
-	if err := b.node.Process(ctx, cmd); err != nil {
-		return classify(ctx, err)
-	}
-	if cmd.Val() == 0 {
-		return lock.ErrNotHeld
-	}
-	return nil
+	return b.node.ReleaseFields(ctx, key, token, fingerprintField(token))
 }
 
 // RaiseFence lets a Redlock write its winning token back to this master.
