@@ -96,7 +96,6 @@ func (r *Redis) ReleaseFields(ctx context.Context, key, token string, fields ...
 	return nil
 }
 
-
 // RaiseFence sets the fencing counter of key to fence unless it is already
 // at or above it: Redlock writes the winning token back to a majority, so
 // that every later majority issues larger ones.
