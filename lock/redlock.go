@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,31 +41,32 @@ type Redlock struct {
 
 // attempt is one acquire of a key and token on every master. A call
 // returns once a majority decided, so a master may answer after it. A
-// release of that master waits for its answer, or the release could reach
+// release of that master waits until it settled, or the release could reach
 // it first and the late acquire leave the lock there for its whole lease.
-// The next acquire of the same token (a retry) on that master waits until
-// what a failed attempt took there is given back, or the late give-back
-// could delete the retry's grant; the other masters do not wait.
+// The next acquire of the same token (a retry) on that master waits too,
+// until what a failed attempt took there is given back, or the late
+// give-back could delete the retry's grant; the other masters do not wait.
 type attempt struct {
-	answered []chan struct{} // closed when that master answered
-	settled  []chan struct{} // closed when that master answered and, if the attempt failed, gave back
+	settled []chan struct{} // closed when that master answered and, if the attempt failed, gave back
+	left    atomic.Int32    // masters not settled yet
 }
 
 func newAttempt(n int) *attempt {
-	at := &attempt{answered: make([]chan struct{}, n), settled: make([]chan struct{}, n)}
+	at := &attempt{settled: make([]chan struct{}, n)}
 	for i := range n {
-		at.answered[i], at.settled[i] = make(chan struct{}), make(chan struct{})
+		at.settled[i] = make(chan struct{})
 	}
+	at.left.Store(int32(n))
 	return at
 }
 
-// forget drops at from rl once every master settled, unless a later
-// attempt took its place.
-func (rl *Redlock) forget(id string, at *attempt) {
-	for _, s := range at.settled {
-		<-s
+// settle marks master i settled, and drops at from rl after the last one,
+// unless a later attempt took its place.
+func (rl *Redlock) settle(id string, at *attempt, i int) {
+	close(at.settled[i])
+	if at.left.Add(-1) == 0 {
+		rl.attempts.CompareAndDelete(id, at)
 	}
-	rl.attempts.CompareAndDelete(id, at)
 }
 
 // fenceRaiser is a node that can take a fencing token issued elsewhere.
@@ -181,10 +183,8 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	}
 	at := newAttempt(len(rl.nodes))
 	rl.attempts.Store(id, at)
-	go rl.forget(id, at)
 	start := time.Now()
 	replies := rl.fanOut(func(i int, n Backend) (int64, error) {
-		defer close(at.answered[i])
 		if prev != nil {
 			select {
 			case <-prev.settled[i]:
@@ -212,7 +212,7 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 		case errors.Is(r.err, ErrUnavailable) || ctx.Err() != nil:
 			errs = append(errs, rl.nodeError(r.node, r.err))
 		default: // an answer of the node's own, such as a stored result
-			rl.giveBack(ctx, key, token, ttl, at, answers, replies)
+			rl.giveBack(ctx, id, key, token, ttl, at, answers, replies)
 			return 0, 0, r.err
 		}
 		if granted >= rl.quorum || len(errs)+refused > len(rl.nodes)-rl.quorum {
@@ -223,22 +223,31 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	switch {
 	case granted >= rl.quorum && validity > 0:
 		if err := rl.raiseFence(ctx, key, fence); err != nil {
-			rl.giveBack(ctx, key, token, ttl, at, answers, replies)
+			rl.giveBack(ctx, id, key, token, ttl, at, answers, replies)
 			return 0, granted, err
 		}
 		// Late answers are grants of this lock, or nothing to give back.
-		for i := range rl.nodes {
+		pending := 0
+		for i, r := range answers {
+			if r == nil {
+				pending++
+			} else {
+				rl.settle(id, at, i)
+			}
+		}
+		if pending > 0 {
 			go func() {
-				<-at.answered[i]
-				close(at.settled[i])
+				for range pending {
+					rl.settle(id, at, (<-replies).node)
+				}
 			}()
 		}
 		return fence, granted, nil
 	case granted >= rl.quorum:
-		rl.giveBack(ctx, key, token, ttl, at, answers, replies)
+		rl.giveBack(ctx, id, key, token, ttl, at, answers, replies)
 		return 0, granted, fmt.Errorf("%w: a majority granted the lock after its validity time", ErrUnavailable)
 	}
-	rl.giveBack(ctx, key, token, ttl, at, answers, replies)
+	rl.giveBack(ctx, id, key, token, ttl, at, answers, replies)
 	if len(errs) <= len(rl.nodes)-rl.quorum {
 		return 0, granted, &NotObtainedError{Remaining: remaining}
 	}
@@ -268,24 +277,30 @@ func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) erro
 	return fmt.Errorf("%w: the fencing token could not be written back to a majority: %w", ErrUnavailable, errors.Join(errs...))
 }
 
-// giveBack releases what a failed attempt took: at once on the masters that
-// granted it, and, in the background, on those that failed (their write may
-// have landed) and on those yet to answer once they granted or failed, within
-// ctx's deadline (or the lease, without one), as a master that hangs must
-// not hold the caller. Each master settles when its part is done.
-func (rl *Redlock) giveBack(ctx context.Context, key, token string, ttl time.Duration, at *attempt, answers []*reply, replies <-chan reply) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(ttl)
-	}
-	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	settle := func(r reply) {
-		var ne *NotObtainedError
-		if !errors.As(r.err, &ne) {
-			_ = rl.nodes[r.node].Release(bctx, key, token)
+// giveBack releases what a failed attempt took: at once, within ctx's
+// deadline, on the masters that granted it; in the background, within a
+// lease from now, on those that failed (their write may have landed) and on
+// those yet to answer once they granted or failed, as a master that hangs
+// must not hold the caller (and its late answer may come at ctx's deadline).
+// A master that refused, or gave an answer of its own (a stored result),
+// took nothing. Each master settles when its part is done.
+func (rl *Redlock) giveBack(ctx context.Context, id, key, token string, ttl time.Duration, at *attempt, answers []*reply, replies <-chan reply) {
+	release := func(ctx context.Context, r reply) {
+		if r.err == nil || errors.Is(r.err, ErrUnavailable) ||
+			errors.Is(r.err, context.Canceled) || errors.Is(r.err, context.DeadlineExceeded) {
+			_ = rl.nodes[r.node].Release(ctx, key, token)
 		}
-		close(at.settled[r.node])
+		rl.settle(id, at, r.node)
 	}
+	var nowCtx context.Context
+	var nowCancel context.CancelFunc
+	if d, ok := ctx.Deadline(); ok {
+		nowCtx, nowCancel = context.WithDeadline(context.WithoutCancel(ctx), d)
+	} else {
+		nowCtx, nowCancel = context.WithTimeout(context.WithoutCancel(ctx), ttl)
+	}
+	defer nowCancel()
+	laterCtx, laterCancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 	var now, later sync.WaitGroup
 	pending := 0
 	for _, r := range answers {
@@ -293,18 +308,18 @@ func (rl *Redlock) giveBack(ctx context.Context, key, token string, ttl time.Dur
 		case r == nil:
 			pending++
 		case r.err == nil:
-			now.Go(func() { settle(*r) })
+			now.Go(func() { release(nowCtx, *r) })
 		default:
-			later.Go(func() { settle(*r) })
+			later.Go(func() { release(laterCtx, *r) })
 		}
 	}
 	for range pending {
-		later.Go(func() { settle(<-replies) })
+		later.Go(func() { release(laterCtx, <-replies) })
 	}
 	now.Wait()
 	go func() {
 		later.Wait()
-		cancel()
+		laterCancel()
 	}()
 }
 
@@ -339,7 +354,7 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 // deleted it, which it returns as soon as they did: a master that hangs
 // does not hold the caller. The other masters' releases go on, within
 // ctx's deadline, after Release returned. A master still answering the
-// acquire is released once it answered.
+// acquire is released once it answered (and settled).
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 	var rctx context.Context
 	var cancel context.CancelFunc
@@ -348,14 +363,14 @@ func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 	} else {
 		rctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	}
-	var answered []chan struct{}
+	var settled []chan struct{}
 	if at, ok := rl.attempts.Load(key + "\x00" + token); ok {
-		answered = at.(*attempt).answered
+		settled = at.(*attempt).settled
 	}
 	released, errs := quorum.Call(rctx, cancel, len(rl.nodes), rl.quorum, func(ctx context.Context, i int) (bool, error) {
-		if answered != nil {
+		if settled != nil {
 			select {
-			case <-answered[i]:
+			case <-settled[i]:
 			case <-ctx.Done():
 				return false, rl.nodeError(i, ctx.Err())
 			}

@@ -237,3 +237,44 @@ func TestRedlockRefusedAttemptGivesBackLateGrant(t *testing.T) {
 		}
 	}
 }
+
+// lateMaster grants after the caller's deadline: its write lands, and its
+// answer is a timeout, as when the reply is lost on the way.
+type lateMaster struct {
+	*Redis
+	granted chan error // the late write's outcome
+}
+
+func (m lateMaster) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
+	<-ctx.Done()
+	_, err := m.Redis.TryAcquire(context.WithoutCancel(ctx), key, token, ttl)
+	m.granted <- err
+	return 0, Classify(ctx, ctx.Err())
+}
+
+// What a master granted after the attempt's deadline is given back all the
+// same: the give-back has a deadline of its own.
+func TestRedlockGivesBackGrantAfterDeadline(t *testing.T) {
+	_, rdbs, _ := masters(t, 3)
+	late := lateMaster{NewRedis(rdbs[2]), make(chan error, 1)}
+	rl, err := NewRedlockOf([]Backend{NewRedis(rdbs[0]), NewRedis(rdbs[1]), late}, []string{"m0", "m1", "m2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := testKey(t)
+	holdAs(t, rdbs[0], key, "other", time.Minute)
+	holdAs(t, rdbs[1], key, "other", time.Minute)
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	var ne *NotObtainedError
+	if _, err := rl.TryAcquire(ctx, key, "tok", time.Minute); !errors.As(err, &ne) {
+		t.Fatalf("acquire against a majority held elsewhere: %v, want NotObtained", err)
+	}
+	if err := <-late.granted; err != nil {
+		t.Fatalf("the late grant: %v", err)
+	}
+	bg := ctxT(t)
+	redistest.Eventually(t, 3*time.Second, "the late grant on master 2 given back", func() bool {
+		return rdbs[2].Exists(bg, key).Val() == 0
+	})
+}

@@ -388,3 +388,55 @@ func TestCompleteRetryCountsAsStored(t *testing.T) {
 		t.Fatalf("Complete of another outcome over a stored one: %v, want ErrNotStored", err)
 	}
 }
+
+// A replay on Redlock is one script per master and nothing else: a master
+// that answers with the stored result took nothing, so nothing is given
+// back there.
+func TestRedlockReplaySendsNoRelease(t *testing.T) {
+	var hooks []*redistest.Commands
+	var clients []redis.UniversalClient
+	var names []string
+	for range 3 {
+		srv := redistest.Start(t)
+		hook := &redistest.Commands{}
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+		rdb.AddHook(hook)
+		t.Cleanup(func() { _ = rdb.Close() })
+		hooks, clients, names = append(hooks, hook), append(clients, rdb), append(names, srv.Addr)
+	}
+	rl, err := lock.NewRedlock(clients, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewStore(lock.NewWithBackend(rl, &lock.Config{CallTimeout: 2 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "redlock-replay")
+	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range clients {
+		redistest.Eventually(t, 2*time.Second, fmt.Sprintf("the record on master %d", i), func() bool {
+			return c.Exists(ctx, Key(key)).Val() == 1
+		})
+	}
+	for _, h := range hooks {
+		h.Take()
+	}
+	var done *CompletedError
+	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+		t.Fatalf("replay: %v, want the stored response", err)
+	}
+	time.Sleep(300 * time.Millisecond) // for anything sent in the background
+	for i, h := range hooks {
+		if cmds, _ := h.Take(); len(cmds) > 1 || (len(cmds) == 1 && cmds[0] != "evalsha") {
+			t.Errorf("master %d got %v for a replay, want at most one evalsha", i, cmds)
+		}
+	}
+}
