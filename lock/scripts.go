@@ -1,9 +1,9 @@
 package lock
 
 import (
-	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TakeLua is the Lua that takes a lock and issues its fencing token, for
@@ -37,6 +37,5 @@ type Script struct{ src, sha string }
 
 // NewScript returns the Script of src.
 func NewScript(src string) Script {
-	sum := sha1.Sum([]byte(src))
-	return Script{src: src, sha: hex.EncodeToString(sum[:])}
+	return Script{src: src, sha: redis.NewScript(src).Hash()}
 }
