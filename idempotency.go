@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -257,21 +256,14 @@ func neverReached(err error) bool {
 
 // unknownOutcome is the record of a request whose answer never came.
 func (h *Handler) unknownOutcome() *record.Response {
-	body, hdr := problemOutcomeUnknown.body()
-	return &record.Response{Outcome: record.Unknown, Status: problemOutcomeUnknown.status, Header: hdr, Body: body}
+	p := problemOutcomeUnknown
+	return &record.Response{Outcome: record.Unknown, Status: p.status, Header: p.headers(), Body: p.json}
 }
 
 // writeStoredProblem answers the request itself with p, as its retries will
 // be answered from the record, whatever the errors setting.
 func (h *Handler) writeStoredProblem(w http.ResponseWriter, p problem) error {
-	body, hdr := p.body()
-	for k, v := range hdr {
-		w.Header()[k] = v
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(p.status)
-	_, _ = w.Write(body)
-	return nil
+	return writeProblemBody(w, p)
 }
 
 // encodedSize is about what a record takes in Redis: its body and headers.
