@@ -72,26 +72,26 @@ func (c *IdempotencyConfig) fingerprint(r *http.Request, body []byte) string {
 	for _, part := range c.Fingerprint {
 		switch part {
 		case partMethod:
-			writePart(h, part, r.Method)
+			writePart(h, part, []byte(r.Method))
 		case partPath:
-			writePart(h, part, r.URL.EscapedPath())
+			writePart(h, part, []byte(r.URL.EscapedPath()))
 		case partQuery:
-			writePart(h, part, r.URL.RawQuery)
+			writePart(h, part, []byte(r.URL.RawQuery))
 		case partBody:
-			writePart(h, part, string(body))
+			writePart(h, part, body) // not copied: it can be max_body long
 		}
 	}
 	for _, name := range c.FingerprintHeaders {
-		writePart(h, "header "+http.CanonicalHeaderKey(name), strings.Join(r.Header.Values(name), "\x00"))
+		writePart(h, "header "+http.CanonicalHeaderKey(name), []byte(strings.Join(r.Header.Values(name), "\x00")))
 	}
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0]))
 }
 
-func writePart(h hash.Hash, name, value string) {
+func writePart(h hash.Hash, name string, value []byte) {
 	var n [binary.MaxVarintLen64]byte
 	h.Write(binary.AppendUvarint(n[:0], uint64(len(name))))
 	h.Write([]byte(name))
 	h.Write(binary.AppendUvarint(n[:0], uint64(len(value))))
-	h.Write([]byte(value))
+	h.Write(value)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -113,10 +114,17 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	}
 	reqCtx, cancelReq := context.WithCancelCause(parent)
 	defer cancelReq(nil)
+	var giveUp atomic.Pointer[time.Timer]
 	stopAfter := context.AfterFunc(r.Context(), func() {
-		time.AfterFunc(time.Duration(h.TTL), func() { cancelReq(errClientGoneTooLong) })
+		giveUp.Store(time.AfterFunc(time.Duration(h.TTL), func() { cancelReq(errClientGoneTooLong) }))
 	})
-	defer stopAfter()
+	defer func() {
+		if !stopAfter() {
+			if t := giveUp.Load(); t != nil {
+				t.Stop()
+			}
+		}
+	}()
 	req := r.WithContext(reqCtx)
 	nextErr := next.ServeHTTP(rec, req)
 

@@ -24,6 +24,9 @@ const (
 	partBody   = "body"
 )
 
+// fingerprintParts are the parts there are, and the default fingerprint.
+var fingerprintParts = []string{partMethod, partPath, partQuery, partBody}
+
 // IdempotencyConfig configures storing finished responses and replaying
 // them to later requests with the same key.
 type IdempotencyConfig struct {
@@ -50,7 +53,7 @@ func (c *IdempotencyConfig) applyDefaults() {
 		c.Retention = caddy.Duration(DefaultRetention)
 	}
 	if len(c.Fingerprint) == 0 && len(c.FingerprintHeaders) == 0 {
-		c.Fingerprint = []string{partMethod, partPath, partQuery, partBody}
+		c.Fingerprint = slices.Clone(fingerprintParts)
 	}
 	if c.MaxResponse == 0 {
 		c.MaxResponse = DefaultMaxResponse
@@ -66,7 +69,7 @@ func (c *IdempotencyConfig) validate() error {
 		errs = append(errs, fmt.Errorf("idempotency: max_response must be positive, got %d", c.MaxResponse))
 	}
 	for _, p := range c.Fingerprint {
-		if !slices.Contains([]string{partMethod, partPath, partQuery, partBody}, p) {
+		if !slices.Contains(fingerprintParts, p) {
 			errs = append(errs, fmt.Errorf("idempotency: unknown fingerprint part %q (want method, path, query or body)", p))
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"compress/zlib"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -33,9 +34,7 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	if resp.Outcome == record.NotReplayable {
 		return h.writeProblem(w, problemNotReplayable)
 	}
-	for k, v := range resp.Header {
-		hdr[k] = slices.Clone(v)
-	}
+	maps.Copy(hdr, resp.Header) // decoded for this request alone
 	body := resp.Body
 	if enc := strings.ToLower(hdr.Get("Content-Encoding")); enc != "" && enc != "identity" && !acceptsEncoding(r, enc) {
 		decoded, err := decodeBody(enc, body, decodeLimit(h.Idempotency.MaxResponse))
