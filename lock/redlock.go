@@ -49,10 +49,11 @@ type Redlock struct {
 type attempt struct {
 	settled []chan struct{} // closed when that master answered and, if the attempt failed, gave back
 	left    atomic.Int32    // masters not settled yet
+	stop    context.CancelFunc
 }
 
-func newAttempt(n int) *attempt {
-	at := &attempt{settled: make([]chan struct{}, n)}
+func newAttempt(n int, stop context.CancelFunc) *attempt {
+	at := &attempt{settled: make([]chan struct{}, n), stop: stop}
 	for i := range n {
 		at.settled[i] = make(chan struct{})
 	}
@@ -65,6 +66,7 @@ func newAttempt(n int) *attempt {
 func (rl *Redlock) settle(id string, at *attempt, i int) {
 	close(at.settled[i])
 	if at.left.Add(-1) == 0 {
+		at.stop()
 		rl.attempts.CompareAndDelete(id, at)
 	}
 }
@@ -181,25 +183,37 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	if p, ok := rl.attempts.Load(id); ok {
 		prev = p.(*attempt)
 	}
-	at := newAttempt(len(rl.nodes))
+	// The masters' calls outlive the caller's return (a majority or a
+	// stored result decided first, or the caller left), bounded by ctx's
+	// deadline: a master that answers late is then known to have granted,
+	// refused or answered with a stored result, and only a grant or a
+	// failure is given back. Cut off, every late call would need a release.
+	callCtx, stop := detached(ctx, ttl)
+	at := newAttempt(len(rl.nodes), stop)
 	rl.attempts.Store(id, at)
 	start := time.Now()
 	replies := rl.fanOut(func(i int, n Backend) (int64, error) {
 		if prev != nil {
 			select {
 			case <-prev.settled[i]:
-			case <-ctx.Done():
-				return 0, fmt.Errorf("%w: the last attempt on this master is not settled: %w", ErrUnavailable, ctx.Err())
+			case <-callCtx.Done():
+				return 0, fmt.Errorf("%w: the last attempt on this master is not settled: %w", ErrUnavailable, callCtx.Err())
 			}
 		}
-		return n.TryAcquire(ctx, key, token, ttl)
+		return n.TryAcquire(callCtx, key, token, ttl)
 	})
 	answers := make([]*reply, len(rl.nodes))
 	refused := 0
 	var remaining time.Duration
 	var errs []error
 	for range rl.nodes {
-		r := <-replies
+		var r reply
+		select {
+		case r = <-replies:
+		case <-ctx.Done():
+			rl.giveBack(ctx, id, key, token, ttl, at, answers, replies)
+			return 0, granted, fmt.Errorf("%w: no majority of the masters answered: %w", ErrUnavailable, ctx.Err())
+		}
 		answers[r.node] = &r
 		var ne *NotObtainedError
 		switch {
@@ -292,13 +306,7 @@ func (rl *Redlock) giveBack(ctx context.Context, id, key, token string, ttl time
 		}
 		rl.settle(id, at, r.node)
 	}
-	var nowCtx context.Context
-	var nowCancel context.CancelFunc
-	if d, ok := ctx.Deadline(); ok {
-		nowCtx, nowCancel = context.WithDeadline(context.WithoutCancel(ctx), d)
-	} else {
-		nowCtx, nowCancel = context.WithTimeout(context.WithoutCancel(ctx), ttl)
-	}
+	nowCtx, nowCancel := detached(ctx, ttl)
 	defer nowCancel()
 	laterCtx, laterCancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 	var now, later sync.WaitGroup
@@ -321,6 +329,15 @@ func (rl *Redlock) giveBack(ctx context.Context, id, key, token string, ttl time
 		later.Wait()
 		laterCancel()
 	}()
+}
+
+// detached is ctx without its cancellation, bounded by its deadline, else
+// by ttl (a grant later than that has expired).
+func detached(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), ttl)
 }
 
 // Refresh extends the lease on a majority.

@@ -435,8 +435,13 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // for anything sent in the background
 	for i, h := range hooks {
-		if cmds, _ := h.Take(); len(cmds) > 1 || (len(cmds) == 1 && cmds[0] != "evalsha") {
-			t.Errorf("master %d got %v for a replay, want at most one evalsha", i, cmds)
+		// A master that never ran the script (its first Begin was cut off
+		// once a majority had answered) answers NOSCRIPT, and go-redis sends
+		// the script's source: still one script run.
+		switch cmds, _ := h.Take(); strings.Join(cmds, " ") {
+		case "", "evalsha", "evalsha eval":
+		default:
+			t.Errorf("master %d got %v for a replay, want one script run", i, cmds)
 		}
 	}
 }
