@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 // TestMain lets a test run the demo's main in a child process (exit status,
@@ -48,7 +50,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !tc.embedded {
-				requireRedisServer(t)
+				redistest.Require(t)
 			}
 			t.Setenv("REDIS_ADDR", "")
 			opt := smallOptions(tc.embedded)
@@ -186,7 +188,7 @@ func TestMainExitStatus(t *testing.T) {
 // TestServeAndCtrlC runs `demo -serve`, tries the curl commands' requests
 // by hand, then sends SIGINT and checks everything stopped.
 func TestServeAndCtrlC(t *testing.T) {
-	requireRedisServer(t)
+	redistest.Require(t)
 	cmd := runMain(t, "-serve -orders 2 -duplicates 3 -retries 1 -delay 400ms")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -18,19 +17,6 @@ import (
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
-
-// requireRedisServer fails (under make test / CI) or skips when redis-server
-// is not installed.
-func requireRedisServer(t *testing.T) {
-	t.Helper()
-	if redistest.Available() {
-		return
-	}
-	if os.Getenv(redistest.RequireEnv) == "1" || os.Getenv("CI") == "true" {
-		t.Fatal("redis-server not found on PATH")
-	}
-	t.Skip("redis-server not found on PATH")
-}
 
 // The embedded server must run the lock's scripts as Redis does: EVALSHA
 // with the EVAL fallback, TIME for the fencing seed, PEXPIRE renewals, and
@@ -221,7 +207,7 @@ func TestStartRedisChoice(t *testing.T) {
 		}
 	})
 	t.Run("redis-server", func(t *testing.T) {
-		requireRedisServer(t)
+		redistest.Require(t)
 		t.Setenv("REDIS_ADDR", "")
 		r, err := startRedis(false)
 		if err != nil {
