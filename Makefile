@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 GOFILES  = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
 
-.PHONY: test redis fmt-check vet bench loadtest demo caddy fuzz
+.PHONY: test redis fmt-check vet bench loadtest loadtest-compare demo caddy fuzz
 
 # redis makes sure redis-server is installed: tests start their own on free ports.
 redis:
@@ -51,6 +51,11 @@ bench: redis
 # reverse_proxy, and in idempotency mode (stored answers, replays) vs both.
 loadtest: redis
 	./scripts/loadtest.sh
+
+# loadtest-compare: this tree's throughput beside another revision's,
+# measured side by side (REV=v0.1.0, REV=HEAD~3, ...).
+loadtest-compare: redis
+	./scripts/loadtest-compare.sh $(REV)
 
 # demo: a storm of duplicate charges, then late retries, at three routes: plain,
 # redis_lock, and redis_lock with idempotency (ARGS=-serve keeps it running).
