@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -61,8 +62,11 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 	switch c.Mode {
 	case ModeSentinel:
 		// A failover client follows the Sentinels' +switch-master and
-		// reconnects to the new primary, with no restart.
-		return pipelined(redis.NewFailoverClient(opt.Failover()))
+		// reconnects to the new primary, with no restart. Its options have
+		// no Limiter: the backoff is a hook there.
+		rdb := redis.NewFailoverClient(opt.Failover())
+		rdb.AddHook(new(authBackoff))
+		return pipelined(rdb)
 	case ModeCluster:
 		// The cluster client routes each script to the node of its keys'
 		// slot (a lock, its counter and its record share one), and follows
@@ -158,6 +162,34 @@ func (b *authBackoff) ReportResult(err error) {
 	if err != nil && (redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "NOAUTH")) {
 		b.refusal.Store(&err)
 		b.until.Store(time.Now().Add(authBackoffFor).UnixNano())
+	}
+}
+
+// As a go-redis Hook, for a client whose options take no Limiter (the
+// Sentinel failover client): dials fail at once during the backoff, and
+// command results report refusals.
+func (b *authBackoff) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if err := b.Allow(); err != nil {
+			return nil, err
+		}
+		return next(ctx, network, addr)
+	}
+}
+
+func (b *authBackoff) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		b.ReportResult(err)
+		return err
+	}
+}
+
+func (b *authBackoff) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		b.ReportResult(err)
+		return err
 	}
 }
 

@@ -122,6 +122,21 @@ func TestClusterIdempotency(t *testing.T) {
 	if be.count() != 10 {
 		t.Fatalf("backend ran %d times for 10 keys", be.count())
 	}
+
+	// A wrong password for the masters' user: 503s, and not a connection
+	// to a master per request.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range c.MasterAddrs() {
+		if err := redistest.SetACLUser(ctx, m, nil, "user caddy on >right ~* &* +@all"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := unitHandler(t, c.MasterAddrs()[0], func(h *Handler) {
+		h.Redis.Mode = ModeCluster
+		h.Redis.Username, h.Redis.Password = "caddy", "wrong"
+	})
+	requireFewDials(t, h, c.MasterAddrs()...)
 }
 
 func TestSentinelTopology(t *testing.T) {
@@ -154,6 +169,23 @@ func TestSentinelTopology(t *testing.T) {
 		})
 		st.nextFencesIncrease(t)
 	}
+
+	// A wrong password for the master's user: 503s, and not a connection
+	// to the master per request.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	master, err := s.MasterAddr(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := redistest.SetACLUser(ctx, master, nil, "user caddy on >right ~* &* +@all"); err != nil {
+		t.Fatal(err)
+	}
+	h := unitHandler(t, s.SentinelAddrs()[0], func(h *Handler) {
+		h.Redis.Mode, h.Redis.MasterName, h.Redis.Addresses = ModeSentinel, s.MasterName(), s.SentinelAddrs()
+		h.Redis.Username, h.Redis.Password = "caddy", "wrong"
+	})
+	requireFewDials(t, h, master)
 }
 
 func TestRedlockTopology(t *testing.T) {
