@@ -18,13 +18,7 @@ import (
 // A wrong password fails every request. The 503s go on, but the log gets
 // one warning per second, the next one counting those left out.
 func TestUnavailableWarningsAreRateLimited(t *testing.T) {
-	srv, rdb := newRedis(t)
-	if err := rdb.Do(t.Context(), "acl", "setuser", "caddy", "on", ">right", "~*", "&*", "+@all").Err(); err != nil {
-		t.Fatal(err)
-	}
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		h.Redis.Username, h.Redis.Password = "caddy", "wrong"
-	})
+	h, _ := wrongPasswordHandler(t)
 	core, logs := observer.New(zap.WarnLevel)
 	h.logger = zap.New(core)
 	serve := func() int {
@@ -61,14 +55,21 @@ func TestUnavailableWarningsAreRateLimited(t *testing.T) {
 // A wrong password does not make every request dial a connection of its
 // own: after a refusal, connections are not tried for a second.
 func TestWrongPasswordDoesNotDialPerRequest(t *testing.T) {
+	h, addr := wrongPasswordHandler(t)
+	requireFewDials(t, h, addr)
+}
+
+// wrongPasswordHandler is a handler whose Redis user, on a server started
+// for t at addr, is configured with a wrong password.
+func wrongPasswordHandler(t *testing.T) (h *Handler, addr string) {
+	t.Helper()
 	srv, rdb := newRedis(t)
 	if err := rdb.Do(t.Context(), "acl", "setuser", "caddy", "on", ">right", "~*", "&*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
+	return unitHandler(t, srv.Addr, func(h *Handler) {
 		h.Redis.Username, h.Redis.Password = "caddy", "wrong"
-	})
-	requireFewDials(t, h, srv.Addr)
+	}), srv.Addr
 }
 
 // requireFewDials sends 200 requests through h, whose Redis user has a

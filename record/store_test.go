@@ -308,20 +308,26 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// On a Redlock of three masters a record is written to all of them: a retry
-// is replayed with one master down, and even from a master that alone has
-// the record.
-func TestRedlockRecords(t *testing.T) {
-	var srvs []*redistest.Server
-	var rdbs []*redis.Client
+// redlockMaster is one master of a test Redlock: its server, and a client
+// of its own that records what it sent.
+type redlockMaster struct {
+	srv  *redistest.Server
+	rdb  *redis.Client
+	sent *redistest.Commands
+}
+
+// newRedlockStore is a Store on a Redlock of three masters started for t.
+func newRedlockStore(t *testing.T) (*Store, []redlockMaster) {
+	t.Helper()
+	var masters []redlockMaster
 	var clients []redis.UniversalClient
 	var names []string
 	for range 3 {
-		srv := redistest.Start(t)
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1})
-		t.Cleanup(func() { _ = rdb.Close() })
-		srvs, rdbs = append(srvs, srv), append(rdbs, rdb)
-		clients, names = append(clients, rdb), append(names, srv.Addr)
+		m := redlockMaster{srv: redistest.Start(t), sent: &redistest.Commands{}}
+		m.rdb = redis.NewClient(&redis.Options{Addr: m.srv.Addr, ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1})
+		m.rdb.AddHook(m.sent)
+		t.Cleanup(func() { _ = m.rdb.Close() })
+		masters, clients, names = append(masters, m), append(clients, m.rdb), append(names, m.srv.Addr)
 	}
 	rl, err := lock.NewRedlock(clients, names)
 	if err != nil {
@@ -331,6 +337,14 @@ func TestRedlockRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, masters
+}
+
+// On a Redlock of three masters a record is written to all of them: a retry
+// is replayed with one master down, and even from a master that alone has
+// the record.
+func TestRedlockRecords(t *testing.T) {
+	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
 	key := lock.Key("test:", "", "redlock")
 	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
@@ -344,19 +358,19 @@ func TestRedlockRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Complete returns once a majority has it; the last master follows.
-	for i, rdb := range rdbs {
+	for i, m := range masters {
 		redistest.Eventually(t, 2*time.Second, fmt.Sprintf("the record on master %d", i), func() bool {
-			return rdb.Exists(ctx, Key(key)).Val() == 1
+			return m.rdb.Exists(ctx, Key(key)).Val() == 1
 		})
 	}
-	srvs[0].Stop()
+	masters[0].srv.Stop()
 	var done *CompletedError
 	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
 		t.Fatalf("retry with a master down: %v, want the stored response", err)
 	}
 	// Only master 2 still has it: a completed record on any master is
 	// final, and the lock taken on the others meanwhile is released.
-	if err := rdbs[1].Del(ctx, Key(key)).Err(); err != nil {
+	if err := masters[1].rdb.Del(ctx, Key(key)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
@@ -365,7 +379,7 @@ func TestRedlockRecords(t *testing.T) {
 	// Given back at once if master 1 answered before master 2, else once
 	// it does.
 	redistest.Eventually(t, 2*time.Second, "the lock taken on master 1 released", func() bool {
-		return rdbs[1].Exists(ctx, key).Val() == 0
+		return masters[1].rdb.Exists(ctx, key).Val() == 0
 	})
 }
 
@@ -393,25 +407,7 @@ func TestCompleteRetryCountsAsStored(t *testing.T) {
 // that answers with the stored result took nothing, so nothing is given
 // back there.
 func TestRedlockReplaySendsNoRelease(t *testing.T) {
-	var hooks []*redistest.Commands
-	var clients []redis.UniversalClient
-	var names []string
-	for range 3 {
-		srv := redistest.Start(t)
-		hook := &redistest.Commands{}
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-		rdb.AddHook(hook)
-		t.Cleanup(func() { _ = rdb.Close() })
-		hooks, clients, names = append(hooks, hook), append(clients, rdb), append(names, srv.Addr)
-	}
-	rl, err := lock.NewRedlock(clients, names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewStore(lock.NewWithBackend(rl, &lock.Config{CallTimeout: 2 * time.Second}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
 	key := lock.Key("test:", "", "redlock-replay")
 	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
@@ -421,24 +417,24 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	for i, c := range clients {
+	for i, m := range masters {
 		redistest.Eventually(t, 2*time.Second, fmt.Sprintf("the record on master %d", i), func() bool {
-			return c.Exists(ctx, Key(key)).Val() == 1
+			return m.rdb.Exists(ctx, Key(key)).Val() == 1
 		})
 	}
-	for _, h := range hooks {
-		h.Take()
+	for _, m := range masters {
+		m.sent.Take()
 	}
 	var done *CompletedError
 	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
 		t.Fatalf("replay: %v, want the stored response", err)
 	}
 	time.Sleep(300 * time.Millisecond) // for anything sent in the background
-	for i, h := range hooks {
+	for i, m := range masters {
 		// A master that never ran the script (its first Begin was cut off
 		// once a majority had answered) answers NOSCRIPT, and go-redis sends
 		// the script's source: still one script run.
-		switch cmds, _ := h.Take(); strings.Join(cmds, " ") {
+		switch cmds, _ := m.sent.Take(); strings.Join(cmds, " ") {
 		case "", "evalsha", "evalsha eval":
 		default:
 			t.Errorf("master %d got %v for a replay, want one script run", i, cmds)
