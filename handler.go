@@ -166,15 +166,30 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	}()
 
 	h.runUnder(r, repl, lk)
-	req := r
+	parent := r.Context()
 	if h.LostLock == LostLockAbort {
 		// Cancels the upstream request when the lock is lost.
-		req = r.WithContext(lk.Context())
+		parent = lk.Context()
 	}
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	req, once := sendOnce(r, ctx, cancel)
 	nextErr := next.ServeHTTP(hw, req)
 
 	cause := context.Cause(lk.Context())
 	release(errors.Is(cause, lock.ErrNotHeld))
+	if once.stopped() && nextErr != nil && !hw.started && !(errors.Is(cause, lock.ErrNotHeld) && h.LostLock == LostLockAbort) {
+		// Written once, and the answer never came: whatever status
+		// reverse_proxy gives the stopped second sending, the outcome is
+		// unknown.
+		if errors.Is(cause, lock.ErrNotHeld) {
+			h.lockLost(lk, cause)
+		}
+		h.countOutcome(repl, r, errors.Is(cause, lock.ErrNotHeld))
+		err := h.writeProblem(w, problemOutcomeUnknown)
+		hw.free()
+		return err
+	}
 	if errors.Is(cause, lock.ErrNotHeld) {
 		h.lockLost(lk, cause)
 		if h.LostLock == LostLockAbort {

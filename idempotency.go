@@ -125,7 +125,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 			}
 		}
 	}()
-	req := r.WithContext(reqCtx)
+	req, once := sendOnce(r, reqCtx, cancelReq)
 	nextErr := next.ServeHTTP(rec, req)
 
 	cause := context.Cause(lk.Context())
@@ -158,8 +158,9 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		hw.free()
 		return nextErr
 	case nextErr != nil:
-		// Cut off a lease after the client left: sent, not answered.
-		if neverReached(nextErr) && !errors.Is(context.Cause(reqCtx), errClientGoneTooLong) {
+		// Cut off a lease after the client left, or stopped from being
+		// sent a second time: sent, not answered.
+		if neverReached(nextErr) && !once.stopped() && !errors.Is(context.Cause(reqCtx), errClientGoneTooLong) {
 			finish(nil, lost)
 			h.countOutcome(repl, r, lost)
 			return nextErr
