@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+)
+
+// caddyBin is the Caddy binary both tests run, built once into dir.
+var caddyBin struct {
+	dir  string
+	once sync.Once
+	path string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "chaos-test-")
+	if err != nil {
+		panic(err)
+	}
+	caddyBin.dir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func buildOnce(t *testing.T) string {
+	t.Helper()
+	caddyBin.once.Do(func() {
+		caddyBin.path, caddyBin.err = buildCaddy(caddyBin.dir)
+	})
+	if caddyBin.err != nil {
+		t.Fatal(caddyBin.err)
+	}
+	return caddyBin.path
+}
+
+func runShort(t *testing.T, lockOnly bool) *outcome {
+	t.Helper()
+	redistest.Require(t)
+	sc := shortScenario(1)
+	sc.LockOnly = lockOnly
+	sc.Bin = buildOnce(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	o, err := runScenario(ctx, sc, &progress)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	var summary bytes.Buffer
+	writeSummary(&summary, o)
+	t.Logf("%s%s", progress.String(), summary.String())
+	if len(o.Record.Execs) == 0 || len(o.Record.Faults) != len(faultKinds) {
+		t.Fatalf("the run did not happen: %d executions, %d faults", len(o.Record.Execs), len(o.Record.Faults))
+	}
+	for _, f := range o.Record.Faults {
+		if f.Err != "" {
+			t.Errorf("fault %s: %s", f.Kind, f.Err)
+		}
+	}
+	return o
+}
+
+// TestChaosShort is the short chaos run of `make test`: two nodes, one
+// fault of each kind, in idempotency mode; every check must pass.
+func TestChaosShort(t *testing.T) {
+	o := runShort(t, false)
+	for _, v := range o.Violations {
+		t.Errorf("[%s] key %s: %s", v.Check, v.Key, v.Detail)
+	}
+	replays := 0
+	for _, c := range o.Record.Clients {
+		for _, a := range c.Attempts {
+			if a.Err == "" && a.Replayed {
+				replays++
+			}
+		}
+	}
+	if replays == 0 {
+		t.Error("no replays: the idempotency block did not take effect")
+	}
+}
+
+// TestChaosLockOnlyFails runs the same without the idempotency block: a
+// lock alone lets a payment run again after its answer was given, and the
+// checks must say so.
+func TestChaosLockOnlyFails(t *testing.T) {
+	o := runShort(t, true)
+	reruns := 0
+	for _, v := range o.Violations {
+		if v.Check == checkRerun {
+			reruns++
+		}
+	}
+	if reruns == 0 {
+		t.Fatalf("lock only: no %s violation among %d; the checks cannot tell a lock from idempotency", checkRerun, len(o.Violations))
+	}
+	if !strings.Contains(o.Violations[0].Detail, "ex_") {
+		t.Errorf("a violation's detail names no execution: %q", o.Violations[0].Detail)
+	}
+}

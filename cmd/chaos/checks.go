@@ -1,0 +1,350 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+// The checks, each a name in the report.
+const (
+	checkReplayBytes = "replay-bytes" // an answer naming an execution is that execution's bytes
+	checkReplayLast  = "replay-last"  // a replay never names an execution a later holder superseded
+	checkOverlap     = "overlap"      // no two executions of a key at once
+	checkFencing     = "fencing"      // tokens strictly increase per key across executions
+	checkRerun       = "rerun"        // no execution once the key's answer was delivered or replayed
+	checkBounded     = "bounded"      // every attempt answered in time, every client a definite answer
+	checkLeftovers   = "leftovers"    // no lock and no in-progress record left, a record per answered key
+)
+
+// violation is one broken rule, with what a person needs to look at it.
+type violation struct {
+	Check  string
+	Key    string
+	Detail string
+}
+
+// windows are the documented times in which a key may run again.
+type windows struct {
+	ttl time.Duration
+	// tryInterval is how long after Redis answers again an answer given
+	// while it was away may still be unstored: one completion try (at most
+	// twice the command timeout against a hung Redis) and the 200ms between
+	// tries ("a retry ... within a try's interval of Redis's return"), and
+	// 100ms of scheduling on a loaded machine.
+	tryInterval time.Duration
+	empty       []faultEvent // Redis restarted empty: locks and records lost
+	outages     []faultEvent // Redis paused or down, then back with its data
+}
+
+func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
+	w := windows{ttl: ttl, tryInterval: 2*timeout + 200*time.Millisecond + 100*time.Millisecond}
+	for _, f := range faults {
+		if f.Return.IsZero() {
+			continue
+		}
+		switch f.Kind {
+		case redisRestartEmpty:
+			w.empty = append(w.empty, f)
+		case redisPause, redisKillAOF:
+			w.outages = append(w.outages, f)
+		}
+	}
+	return w
+}
+
+// emptyEnd is the end of the window after an empty restart: the locks it
+// dropped were held for at most a lease more by holders that do not know,
+// and a second for their answers to be stored.
+func (w windows) emptyEnd(f faultEvent) time.Time { return f.Return.Add(w.ttl + time.Second) }
+
+// rerunExcused says whether an execution starting at start, after an
+// answer delivered at delivered, falls in a documented window.
+func (w windows) rerunExcused(delivered, start time.Time) string {
+	for _, f := range w.empty {
+		if delivered.Before(f.Return) && start.After(f.Start) {
+			return "records lost in the empty restart at " + f.Start.Format("15:04:05.000")
+		}
+	}
+	if w.emptyCovers(start) {
+		return "within an empty restart's window"
+	}
+	for _, f := range w.outages {
+		if !delivered.Before(f.Start) && !delivered.After(f.Return) &&
+			!start.Before(f.Return) && start.Before(f.Return.Add(w.tryInterval)) {
+			return fmt.Sprintf("answered while Redis was away (%s), re-run within a try's interval of its return", f.Kind)
+		}
+	}
+	return ""
+}
+
+// emptyCovers says whether t is in an empty restart's window.
+func (w windows) emptyCovers(t time.Time) bool {
+	for _, f := range w.empty {
+		if !t.Before(f.Start) && t.Before(w.emptyEnd(f)) {
+			return true
+		}
+	}
+	return false
+}
+
+// overlapExcused says whether a, in flight when Redis lost its data, may
+// overlap b, which began after.
+func (w windows) overlapExcused(a, b execution) bool {
+	for _, f := range w.empty {
+		if a.Start.Before(f.Return) && a.End.After(f.Start) && !b.Start.Before(f.Start) {
+			return true
+		}
+	}
+	return false
+}
+
+// redisState is what is left in Redis at the end.
+type redisState struct {
+	Locks      []string        // lock keys, with their fields and TTL
+	InProgress []string        // records that are not completed
+	Records    map[string]bool // completed record keys
+	Counters   int
+	Err        string
+}
+
+// scanRedis lists every key under the prefix.
+func scanRedis(ctx context.Context, addr string) redisState {
+	st := redisState{Records: map[string]bool{}}
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+	defer c.Close()
+	iter := c.Scan(ctx, 0, chaosPrefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		switch {
+		case strings.HasSuffix(k, "}fence"):
+			st.Counters++
+		case strings.HasSuffix(k, ":result"):
+			first, err := c.GetRange(ctx, k, 0, 0).Result()
+			if err == nil && first == "C" {
+				st.Records[k] = true
+			} else {
+				st.InProgress = append(st.InProgress, fmt.Sprintf("%s (first byte %q, %v)", k, first, err))
+			}
+		default:
+			fields, _ := c.HGetAll(ctx, k).Result()
+			ttl, _ := c.PTTL(ctx, k).Result()
+			st.Locks = append(st.Locks, fmt.Sprintf("%s fields %v pttl %v", k, fields, ttl))
+		}
+	}
+	if err := iter.Err(); err != nil {
+		st.Err = err.Error()
+	}
+	return st
+}
+
+// runRecord is everything a run recorded, for the checks.
+type runRecord struct {
+	Execs       []execution
+	Clients     []clientResult
+	Faults      []faultEvent
+	TTL         time.Duration
+	Timeout     time.Duration
+	Idempotency bool
+	End         redisState
+}
+
+// attemptBound is the longest an attempt of a patient client may wait for
+// its answer: a lease, and a few seconds for Redis timeouts and the backend.
+func attemptBound(ttl time.Duration) time.Duration { return ttl + 3*time.Second }
+
+// check runs every check on rec.
+func check(rec runRecord) []violation {
+	var vs []violation
+	add := func(check, key, format string, args ...any) {
+		vs = append(vs, violation{Check: check, Key: key, Detail: fmt.Sprintf(format, args...)})
+	}
+	w := newWindows(rec.Faults, rec.TTL, rec.Timeout)
+	t0 := time.Time{}
+	if len(rec.Execs) > 0 {
+		t0 = rec.Execs[0].Start
+	}
+	for _, c := range rec.Clients {
+		for _, a := range c.Attempts {
+			if t0.IsZero() || a.Start.Before(t0) {
+				t0 = a.Start
+			}
+		}
+	}
+	at := func(t time.Time) string { return fmt.Sprintf("+%.3fs", t.Sub(t0).Seconds()) }
+
+	byID := map[string]execution{}
+	byKey := map[string][]execution{}
+	for _, e := range rec.Execs {
+		byID[e.ID] = e
+		byKey[e.Key] = append(byKey[e.Key], e)
+	}
+	deliveries := map[string][]attempt{}
+	for _, c := range rec.Clients {
+		for _, a := range c.Attempts {
+			if a.delivered() {
+				deliveries[a.Key] = append(deliveries[a.Key], a)
+			}
+			// Every answer naming an execution is that execution's answer,
+			// byte for byte, whether passed through or replayed.
+			if a.Err == "" && a.ExecID != "" {
+				e, ok := byID[a.ExecID]
+				switch {
+				case !ok:
+					add(checkReplayBytes, a.Key, "client %d attempt %d (node %d, %s) names %s, which never ran", a.Client, a.N, a.Node, at(a.End), a.ExecID)
+				case e.Key != a.Key:
+					add(checkReplayBytes, a.Key, "client %d attempt %d got %s, an execution of key %s", a.Client, a.N, e.ID, e.Key)
+				case e.Body == nil:
+					add(checkReplayBytes, a.Key, "client %d attempt %d (replayed %v) names %s, which answered nothing (dropped)", a.Client, a.N, a.Replayed, e.ID)
+				case a.Status != e.Status || !bytes.Equal(a.Body, e.Body):
+					add(checkReplayBytes, a.Key, "client %d attempt %d (replayed %v, %s): status %d, %d bytes %q; %s answered %d, %d bytes %q",
+						a.Client, a.N, a.Replayed, at(a.End), a.Status, len(a.Body), a.Body, e.ID, e.Status, len(e.Body), e.Body)
+				case a.Replayed && notProcessed(e.Status):
+					add(checkReplayBytes, a.Key, "client %d attempt %d got a replay of %s's %d, which is not stored", a.Client, a.N, e.ID, e.Status)
+				}
+			}
+			if a.Err == "" && a.Replayed && a.ExecID != "" {
+				// A later holder began (found no record, took the lock)
+				// before this replay began: the record it replays was
+				// written by a holder that had been superseded.
+				e, ok := byID[a.ExecID]
+				for _, r := range byKey[a.Key] {
+					if !ok {
+						break
+					}
+					if r.Fence > e.Fence && r.Start.After(e.Start) && r.Start.Before(a.Start) && !w.emptyCovers(r.Start) {
+						add(checkReplayLast, a.Key, "client %d attempt %d (node %d, %s) got a replay of %s (fence %d, %s..%s), but %s (fence %d, node %d) began at %s, after it and before the replay",
+							a.Client, a.N, a.Node, at(a.Start), e.ID, e.Fence, at(e.Start), at(e.End), r.ID, r.Fence, r.Node, at(r.Start))
+						break
+					}
+				}
+			}
+			if a.Err == "" && a.Replayed && a.ExecID == "" && a.Problem != "outcome-unknown" && a.Problem != "not-replayable" {
+				add(checkReplayBytes, a.Key, "client %d attempt %d: a replay (status %d) that names no execution: %q", a.Client, a.N, a.Status, a.Body)
+			}
+			if a.Patient && a.End.Sub(a.Start) > attemptBound(rec.TTL) {
+				add(checkBounded, a.Key, "client %d attempt %d (node %d) took %v (bound %v): status %d err %q",
+					a.Client, a.N, a.Node, a.End.Sub(a.Start).Round(time.Millisecond), attemptBound(rec.TTL), a.Status, a.Err)
+			}
+		}
+		if !c.Definite {
+			last := attempt{}
+			if len(c.Attempts) > 0 {
+				last = c.Attempts[len(c.Attempts)-1]
+			}
+			add(checkBounded, c.Key, "client %d: no definite answer after %d attempts in %v (last: status %d err %q problem %q)",
+				c.Client, len(c.Attempts), c.Took.Round(time.Millisecond), last.Status, last.Err, last.Problem)
+		}
+	}
+
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ex := byKey[k]
+		sort.Slice(ex, func(i, j int) bool { return ex[i].Start.Before(ex[j].Start) })
+		for j, b := range ex {
+			if b.Fence <= 0 {
+				add(checkFencing, k, "%s (node %d, %s) carried no fencing token (%q)", b.ID, b.Node, at(b.Start), b.FenceRaw)
+			}
+			for i := range j {
+				a := ex[i]
+				if b.Start.Before(a.End) && !w.overlapExcused(a, b) {
+					add(checkOverlap, k, "%s (node %d, %s..%s, fence %d) overlaps %s (node %d, %s..%s, fence %d)",
+						b.ID, b.Node, at(b.Start), at(b.End), b.Fence, a.ID, a.Node, at(a.Start), at(a.End), a.Fence)
+				}
+			}
+			if j > 0 && b.Fence > 0 && b.Fence <= ex[j-1].Fence {
+				a := ex[j-1]
+				add(checkFencing, k, "%s (node %d, %s) has fence %d, not above %s's %d (node %d, %s..%s, %s)",
+					b.ID, b.Node, at(b.Start), b.Fence, a.ID, a.Fence, a.Node, at(a.Start), at(a.End), answered(a))
+			}
+			// The earliest answer delivered before b began, outside the windows.
+			ds := deliveries[k]
+			sort.Slice(ds, func(i, j int) bool { return ds[i].End.Before(ds[j].End) })
+			for _, d := range ds {
+				if !d.End.Before(b.Start) {
+					break
+				}
+				if w.rerunExcused(d.End, b.Start) != "" {
+					continue
+				}
+				what := "its answer"
+				switch {
+				case d.Replayed:
+					what = "a replay"
+				case d.ExecID == "":
+					what = "outcome-unknown"
+				}
+				add(checkRerun, k, "%s ran (node %d, %s, fence %d) after client %d attempt %d got %s at %s (status %d, %s, node %d)",
+					b.ID, b.Node, at(b.Start), b.Fence, d.Client, d.N, what, at(d.End), d.Status, orNone(d.ExecID), d.Node)
+				break
+			}
+		}
+	}
+
+	if rec.End.Err != "" {
+		add(checkLeftovers, "", "scanning Redis: %s", rec.End.Err)
+	}
+	for _, l := range rec.End.Locks {
+		add(checkLeftovers, "", "lock left at the end: %s", l)
+	}
+	for _, r := range rec.End.InProgress {
+		add(checkLeftovers, "", "record not completed at the end: %s", r)
+	}
+	if rec.Idempotency && rec.End.Err == "" {
+		var lastEmpty time.Time
+		for _, f := range w.empty {
+			lastEmpty = f.Return
+		}
+		dkeys := make([]string, 0, len(deliveries))
+		for k := range deliveries {
+			dkeys = append(dkeys, k)
+		}
+		sort.Strings(dkeys)
+		for _, k := range dkeys {
+			var last attempt
+			for _, d := range deliveries[k] {
+				if d.End.After(last.End) {
+					last = d
+				}
+			}
+			if !last.End.After(lastEmpty) {
+				continue
+			}
+			if rk := record.Key(lock.Key(chaosPrefix, "", k)); !rec.End.Records[rk] {
+				add(checkLeftovers, k, "client %d got an answer at %s (status %d, replayed %v, %s) but no record is stored (%s)",
+					last.Client, at(last.End), last.Status, last.Replayed, orNone(last.ExecID), rk)
+			}
+		}
+	}
+	return vs
+}
+
+// answered says what an execution answered, for the details.
+func answered(e execution) string {
+	switch {
+	case e.Body == nil:
+		return "its connection dropped without an answer"
+	case e.WriteErr != "":
+		return fmt.Sprintf("answered %d, not written: %s", e.Status, e.WriteErr)
+	}
+	return fmt.Sprintf("answered %d", e.Status)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no execution"
+	}
+	return s
+}

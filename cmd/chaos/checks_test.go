@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+// Each check on records made up to break exactly it: every check can fail,
+// and the documented windows excuse what they document and no more.
+
+var base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func ms(n int) time.Time { return base.Add(time.Duration(n) * time.Millisecond) }
+
+func ex(id string, fence int64, start, end int) execution {
+	return execution{ID: id, Key: "k", Fence: fence, FenceRaw: fmt.Sprint(fence), Start: ms(start), End: ms(end),
+		Status: 200, Body: []byte(`{"execution_id":"` + id + `"}`)}
+}
+
+// answer is a client's attempt that got e's answer (replayed or not).
+func answer(client int, e execution, replayed bool, start, end int) attempt {
+	return attempt{Key: "k", Client: client, Patient: true, Start: ms(start), End: ms(end),
+		Status: e.Status, Body: e.Body, ExecID: e.ID, Replayed: replayed}
+}
+
+// clients are one attempt each, each client with a definite answer in the
+// end (its other attempts left out).
+func clients(as ...attempt) []clientResult {
+	var cs []clientResult
+	for _, a := range as {
+		cs = append(cs, clientResult{Key: a.Key, Client: a.Client, Attempts: []attempt{a}, Definite: true})
+	}
+	return cs
+}
+
+func stored(keys ...string) redisState {
+	st := redisState{Records: map[string]bool{}}
+	for _, k := range keys {
+		st.Records[record.Key(lock.Key(chaosPrefix, "", k))] = true
+	}
+	return st
+}
+
+func count(vs []violation) map[string]int {
+	m := map[string]int{}
+	for _, v := range vs {
+		m[v.Check]++
+	}
+	return m
+}
+
+func TestChecks(t *testing.T) {
+	e1 := ex("ex_1", 10, 0, 100)
+	e2 := ex("ex_2", 20, 300, 400)
+	e503 := ex("ex_1", 10, 0, 100)
+	e503.Status = 503
+	outage := faultEvent{Kind: redisPause, Start: ms(50), Return: ms(250)}
+	empty := faultEvent{Kind: redisRestartEmpty, Start: ms(150), Return: ms(200)}
+	bad := answer(1, e1, true, 200, 210)
+	bad.Body = []byte(`{"execution_id":"ex_1","x":1}`)
+	slow := answer(0, e1, false, 0, 100)
+	slow.End = ms(100).Add(attemptBound(time.Second))
+	gaveUp := clientResult{Key: "k", Client: 2, Attempts: []attempt{{Key: "k", Client: 2, Status: 409, Start: ms(10), End: ms(20)}}}
+
+	tests := []struct {
+		name   string
+		rec    runRecord
+		want   map[string]int
+		extras []clientResult
+	}{
+		{name: "clean: one run, its answer and a replay",
+			rec:  runRecord{Execs: []execution{e1}, Clients: clients(answer(0, e1, false, 0, 101), answer(1, e1, true, 200, 210)), End: stored("k")},
+			want: map[string]int{}},
+		{name: "a replay that is not the bytes it names",
+			rec:  runRecord{Execs: []execution{e1}, Clients: clients(answer(0, e1, false, 0, 101), bad), End: stored("k")},
+			want: map[string]int{checkReplayBytes: 1}},
+		{name: "a replay of an execution that never ran",
+			rec:  runRecord{Execs: []execution{e1}, Clients: clients(answer(0, e1, false, 0, 101), answer(1, e2, true, 500, 510)), End: stored("k")},
+			want: map[string]int{checkReplayBytes: 1}},
+		{name: "two runs at once",
+			rec:  runRecord{Execs: []execution{e1, ex("ex_2", 20, 50, 150)}, End: stored()},
+			want: map[string]int{checkOverlap: 1}},
+		{name: "two runs at once across an empty restart",
+			rec:  runRecord{Execs: []execution{ex("ex_1", 10, 100, 300), ex("ex_2", 20, 210, 320)}, Faults: []faultEvent{empty}},
+			want: map[string]int{}},
+		{name: "a fencing token not above the one before",
+			rec:  runRecord{Execs: []execution{e1, ex("ex_2", 10, 300, 400)}},
+			want: map[string]int{checkFencing: 1}},
+		{name: "no fencing token",
+			rec:  runRecord{Execs: []execution{ex("ex_1", 0, 0, 100)}},
+			want: map[string]int{checkFencing: 1}},
+		{name: "a run after the answer was delivered",
+			rec:  runRecord{Execs: []execution{e1, e2}, Clients: clients(answer(0, e1, false, 0, 101)), End: stored("k"), Idempotency: true},
+			want: map[string]int{checkRerun: 1}},
+		{name: "a run after a replay",
+			rec:  runRecord{Execs: []execution{e1, e2}, Clients: clients(answer(1, e1, true, 200, 210)), End: stored("k")},
+			want: map[string]int{checkRerun: 1}},
+		{name: "a run after outcome-unknown",
+			rec: runRecord{Execs: []execution{e1, e2}, Clients: clients(attempt{Key: "k", Status: 502, Problem: "outcome-unknown",
+				Start: ms(0), End: ms(120)})},
+			want: map[string]int{checkRerun: 1}},
+		{name: "a run after a not-processed 503 is a retry",
+			rec:  runRecord{Execs: []execution{e503, e2}, Clients: clients(answer(0, e503, false, 0, 120))},
+			want: map[string]int{}},
+		{name: "a replay of a not-processed 503",
+			rec:  runRecord{Execs: []execution{e503}, Clients: clients(answer(0, e503, true, 200, 220))},
+			want: map[string]int{checkReplayBytes: 1}},
+		{name: "answered while Redis was away, run again within a try's interval of its return",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 260, 400)}, Clients: clients(answer(0, e1, false, 0, 101)),
+				Faults: []faultEvent{outage}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{}},
+		{name: "answered while Redis was away, run again later",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 800, 900)}, Clients: clients(answer(0, e1, false, 0, 101)),
+				Faults: []faultEvent{outage}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkRerun: 1}},
+		{name: "answered before Redis went away, run again at its return",
+			rec: runRecord{Execs: []execution{ex("ex_1", 10, 0, 30), ex("ex_2", 20, 260, 400)}, Clients: clients(answer(0, ex("ex_1", 10, 0, 30), false, 0, 40)),
+				Faults: []faultEvent{outage}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkRerun: 1}},
+		{name: "answered, Redis restarted empty, run again",
+			rec:  runRecord{Execs: []execution{e1, e2}, Clients: clients(answer(0, e1, false, 0, 101)), Faults: []faultEvent{empty}, TTL: time.Second},
+			want: map[string]int{}},
+		{name: "a patient attempt past the bound, a client with no definite answer",
+			rec:  runRecord{Execs: []execution{e1}, Clients: append(clients(slow), gaveUp), TTL: time.Second},
+			want: map[string]int{checkBounded: 2}},
+		{name: "a lock and an in-progress record left",
+			rec:  runRecord{End: redisState{Locks: []string{"chaos:{abcd}x"}, InProgress: []string{"chaos:{abcd}x:result"}}},
+			want: map[string]int{checkLeftovers: 2}},
+		{name: "an answer delivered and no record stored",
+			rec:  runRecord{Execs: []execution{e1}, Clients: clients(answer(0, e1, false, 0, 101)), End: stored(), Idempotency: true},
+			want: map[string]int{checkLeftovers: 1}},
+		{name: "a replay of an answer a later holder superseded",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 260, 400)}, Clients: clients(answer(0, e1, false, 0, 101), answer(1, e1, true, 500, 510)),
+				Faults: []faultEvent{outage}, Timeout: 100 * time.Millisecond, End: stored("k")},
+			want: map[string]int{checkReplayLast: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.rec.TTL == 0 {
+				tc.rec.TTL = time.Second
+			}
+			vs := check(tc.rec)
+			got := count(vs)
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("violations %v, want %v", got, tc.want)
+				for _, v := range vs {
+					t.Logf("[%s] %s: %s", v.Check, v.Key, v.Detail)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,290 @@
+// Command chaos is the project's chaos test (`make chaos`): several Caddy
+// nodes with redis_lock in idempotency mode, each its own process, in front
+// of one Redis with an fsynced append-only file and a payment backend that
+// records every execution; clients that retry as payment SDKs do; faults on
+// a schedule drawn from a seed (Redis paused, killed and restarted from its
+// AOF, restarted empty; a node SIGKILLed mid-request; config reloads). The
+// records are then checked: no key runs again once its answer was given,
+// outside the documented windows; replays are the bytes of the execution
+// they name; executions of a key never overlap and their fencing tokens
+// increase; every client gets a definite answer in bounded time; nothing in
+// progress is left in Redis. It prints a summary and exits 1 on any
+// violation. SEED=n changes the schedule; LOCK_ONLY=1 drops the idempotency
+// block, which must make it fail.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// scenario is what a run does.
+type scenario struct {
+	Name        string
+	Seed        uint64
+	LockOnly    bool
+	Nodes       int
+	TTL         time.Duration
+	Timeout     time.Duration // Redis command timeout in the nodes
+	Keys        int
+	Spread      time.Duration // the payments start over this long
+	FaultRounds int
+	FaultStart  time.Duration
+	MinGap      time.Duration
+	MaxGap      time.Duration
+	Bin         string // a Caddy binary with the plugin; empty: build one
+	Keep        bool   // keep the work directory (logs, Redis data)
+}
+
+// fullScenario is `make chaos`: about two minutes, twelve faults.
+func fullScenario(seed uint64) scenario {
+	return scenario{Name: "full", Seed: seed, Nodes: 3, TTL: 2 * time.Second, Timeout: 300 * time.Millisecond,
+		Keys: 900, Spread: 95 * time.Second, FaultRounds: 2, FaultStart: 4 * time.Second,
+		MinGap: 5 * time.Second, MaxGap: 8 * time.Second}
+}
+
+// shortScenario runs in `make test`: seconds, one fault of each kind.
+func shortScenario(seed uint64) scenario {
+	return scenario{Name: "short", Seed: seed, Nodes: 2, TTL: time.Second, Timeout: 200 * time.Millisecond,
+		Keys: 90, Spread: 10 * time.Second, FaultRounds: 1, FaultStart: time.Second,
+		MinGap: 1500 * time.Millisecond, MaxGap: 2 * time.Second}
+}
+
+// outcome is a run's records and verdict.
+type outcome struct {
+	Scenario   scenario
+	Record     runRecord
+	Violations []violation
+	Dir        string
+	Took       time.Duration
+}
+
+func main() {
+	seed := uint64(1)
+	if s := os.Getenv("SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos: SEED must be a non-negative integer:", s)
+			os.Exit(2)
+		}
+		seed = n
+	}
+	short := flag.Bool("short", false, "the short scenario of `make test` instead of the full one")
+	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
+	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data)")
+	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
+	flag.Parse()
+	sc := fullScenario(seed)
+	if *short {
+		sc = shortScenario(seed)
+	}
+	sc.LockOnly, sc.Keep = *lockOnly, *keep
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	o, err := runScenario(ctx, sc, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	writeSummary(os.Stdout, o)
+	if len(o.Violations) > 0 {
+		os.Exit(1)
+	}
+}
+
+// runScenario starts Redis, the backend and the nodes, runs the traffic and
+// the faults, and checks the records. Every process it started is stopped
+// before it returns.
+func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome, error) {
+	began := time.Now()
+	dir, err := os.MkdirTemp("", "chaos-")
+	if err != nil {
+		return nil, err
+	}
+	o := &outcome{Scenario: sc, Dir: dir}
+	defer func() {
+		if !sc.Keep && len(o.Violations) == 0 {
+			os.RemoveAll(dir)
+		}
+	}()
+	bin := sc.Bin
+	if bin == "" {
+		if bin, err = buildCaddy(dir); err != nil {
+			return nil, err
+		}
+	}
+	rds, err := startRedis(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer rds.Close()
+	be, err := startBackend(sc.Seed, sc.TTL)
+	if err != nil {
+		return nil, err
+	}
+	defer be.Close()
+	nodes, err := startNodes(bin, dir, sc.Nodes, nodeConfig{Backend: be.Addr, Redis: rds.Addr,
+		TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer stopNodes(nodes)
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = n.URL()
+	}
+
+	rng := rand.New(rand.NewPCG(sc.Seed, 0x6368616f73)) // "chaos"
+	plans := planKeys(rng, sc.Keys, sc.Spread, sc.TTL)
+	schedule := planFaults(rng, sc.FaultRounds, sc.Nodes, sc.FaultStart, sc.MinGap, sc.MaxGap)
+	mode := "idempotency"
+	if sc.LockOnly {
+		mode = "lock only (no idempotency block)"
+	}
+	fmt.Fprintf(progress, "chaos: %s scenario, seed %d, %s: %d Caddy nodes, Redis %s with AOF (appendfsync always), ttl %v, %d payments over %v, %d faults; work dir %s\n",
+		sc.Name, sc.Seed, mode, sc.Nodes, rds.Addr, sc.TTL, sc.Keys, sc.Spread, len(schedule), dir)
+
+	t0 := time.Now().Add(200 * time.Millisecond)
+	in := &injector{redis: rds, nodes: nodes, backend: be, ttl: sc.TTL}
+	faultsDone := make(chan []faultEvent, 1)
+	go func() { faultsDone <- in.run(ctx, t0, schedule) }()
+	results := newTraffic(sc.Seed, urls).run(ctx, t0, plans)
+	faults := <-faultsDone
+	if err := ctx.Err(); err != nil {
+		return o, err
+	}
+
+	// Quiet: no execution in flight, a killed node's locks expired (a
+	// lease), answers given while Redis was away stored (a second).
+	var lastKill, lastReturn time.Time
+	for _, f := range faults {
+		if f.Kind == nodeKill {
+			lastKill = f.Start
+		} else if f.Kind != nodeReload {
+			lastReturn = f.Return
+		}
+	}
+	quiet := time.Now().Add(10 * time.Second)
+	for be.busy(-1) > 0 && time.Now().Before(quiet) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(max(time.Until(lastKill.Add(sc.TTL+500*time.Millisecond)), time.Until(lastReturn.Add(time.Second)), 0))
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	end := scanRedis(sctx, rds.Addr)
+	cancel()
+
+	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
+		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, End: end}
+	o.Violations = check(o.Record)
+	o.Took = time.Since(began)
+	return o, nil
+}
+
+// writeSummary prints the run: requests, executions, replays, faults,
+// violations (each, up to a limit).
+func writeSummary(w io.Writer, o *outcome) {
+	rec := o.Record
+	t0 := time.Time{}
+	attempts, errs, replays, timeouts := 0, 0, 0, 0
+	statuses := map[int]int{}
+	for _, c := range rec.Clients {
+		for _, a := range c.Attempts {
+			if t0.IsZero() || a.Start.Before(t0) {
+				t0 = a.Start
+			}
+			attempts++
+			switch {
+			case a.Err == "timeout":
+				timeouts++
+			case a.Err != "":
+				errs++
+			default:
+				statuses[a.Status]++
+			}
+			if a.Err == "" && a.Replayed {
+				replays++
+			}
+		}
+	}
+	dropped, notProc := 0, 0
+	keys := map[string]int{}
+	for _, e := range rec.Execs {
+		keys[e.Key]++
+		if e.Body == nil {
+			dropped++
+		} else if notProcessed(e.Status) {
+			notProc++
+		}
+	}
+	again := 0
+	for _, n := range keys {
+		again += n - 1
+	}
+	codes := make([]int, 0, len(statuses))
+	for c := range statuses {
+		codes = append(codes, c)
+	}
+	sort.Ints(codes)
+	var st []string
+	for _, c := range codes {
+		st = append(st, fmt.Sprintf("%d x%d", c, statuses[c]))
+	}
+	fmt.Fprintln(w, "faults:")
+	kinds := map[faultKind]int{}
+	for _, f := range rec.Faults {
+		kinds[f.Kind]++
+		errText := ""
+		if f.Err != "" {
+			errText = " ERROR: " + f.Err
+		}
+		fmt.Fprintf(w, "  +%6.2fs %-20s %s%s\n", f.Start.Sub(t0).Seconds(), f.Kind, f.Detail, errText)
+	}
+	var fk []string
+	for _, k := range faultKinds {
+		fk = append(fk, fmt.Sprintf("%s %d", k, kinds[k]))
+	}
+	mode := "idempotency"
+	if o.Scenario.LockOnly {
+		mode = "lock-only"
+	}
+	fmt.Fprintf(w, "summary (seed %d, %s, %s scenario, %v):\n", o.Scenario.Seed, mode, o.Scenario.Name, o.Took.Round(time.Second))
+	fmt.Fprintf(w, "  requests:   %d attempts by %d clients for %d payments (%s; %d timeouts, %d connection errors)\n",
+		attempts, len(rec.Clients), o.Scenario.Keys, strings.Join(st, ", "), timeouts, errs)
+	fmt.Fprintf(w, "  executions: %d for %d keys (%d keys ran more than once, %d answers dropped by the backend, %d answered 503)\n",
+		len(rec.Execs), len(keys), again, dropped, notProc)
+	fmt.Fprintf(w, "  replays:    %d\n", replays)
+	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
+	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters\n",
+		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters)
+	byCheck := map[string]int{}
+	for _, v := range o.Violations {
+		byCheck[v.Check]++
+	}
+	var vc []string
+	for _, c := range []string{checkReplayBytes, checkReplayLast, checkOverlap, checkFencing, checkRerun, checkBounded, checkLeftovers} {
+		vc = append(vc, fmt.Sprintf("%s %d", c, byCheck[c]))
+	}
+	fmt.Fprintf(w, "  violations: %d (%s)\n", len(o.Violations), strings.Join(vc, ", "))
+	const limit = 40
+	for i, v := range o.Violations {
+		if i == limit {
+			fmt.Fprintf(w, "    ... and %d more\n", len(o.Violations)-limit)
+			break
+		}
+		fmt.Fprintf(w, "    [%s] key %s: %s\n", v.Check, v.Key, v.Detail)
+	}
+	if len(o.Violations) > 0 {
+		fmt.Fprintf(w, "  node logs and Redis data kept in %s\n", o.Dir)
+	}
+}
