@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 GOFILES  = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
 
-.PHONY: test redis fmt-check vet bench loadtest loadtest-compare demo caddy fuzz
+.PHONY: test redis fmt-check vet bench loadtest loadtest-compare demo caddy fuzz chaos
 
 # redis makes sure redis-server is installed: tests start their own on free ports.
 redis:
@@ -61,6 +61,12 @@ loadtest-compare: redis
 # redis_lock, and redis_lock with idempotency (ARGS=-serve keeps it running).
 demo:
 	$(GO) run ./cmd/demo $(ARGS)
+
+# chaos: three Caddy nodes (processes), one Redis (AOF), SDK-like clients and
+# a recording backend under scheduled faults; checks the records, exits 1 on
+# a violation (SEED=n another schedule; LOCK_ONLY=1 without idempotency, fails).
+chaos: redis
+	SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' $(GO) run ./cmd/chaos $(ARGS)
 
 # caddy: a Caddy binary with this plugin, built with xcaddy.
 caddy:
