@@ -97,7 +97,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case errors.As(err, &notObtained):
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.reject(w, repl, resultConflict, problemConflict.withRetryAfter(retryAfterSeconds(notObtained.Remaining)))
+		return h.reject(w, repl, resultConflict, problemConflict.withRetryAfter(h.holds.retryAfter(notObtained.Remaining)))
 	case r.Context().Err() != nil:
 		h.count(repl, resultCancelled) // the client is gone: nobody to answer
 		return nil
@@ -134,7 +134,9 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 			return
 		}
 		released = true
-		metrics.hold.Observe(time.Since(acquired).Seconds())
+		held := time.Since(acquired)
+		metrics.hold.Observe(held.Seconds())
+		h.holds.observe(held)
 		if lost {
 			lk.ReleaseAsync(r.Context(), func(err error) {
 				observeRelease(err)
@@ -284,9 +286,4 @@ func (h *Handler) lockOptions() lock.Options {
 		renew = lock.NoRenew
 	}
 	return lock.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
-}
-
-// retryAfterSeconds is a Retry-After for a holder's remaining lease.
-func retryAfterSeconds(remaining time.Duration) int {
-	return int((remaining + time.Second - 1) / time.Second)
 }

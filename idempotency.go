@@ -56,7 +56,7 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 		return h.reject(w, repl, resultMismatch, problemMismatch)
 	case errors.As(err, &notObtained):
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.reject(w, repl, resultConflict, problemInProgress.withRetryAfter(retryAfterSeconds(notObtained.Remaining)))
+		return h.reject(w, repl, resultConflict, problemInProgress.withRetryAfter(h.holds.retryAfter(notObtained.Remaining)))
 	default:
 		return h.unavailableRedis(w, r, next, repl, rkey, err)
 	}
@@ -76,7 +76,9 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 			return
 		}
 		finished = true
-		metrics.hold.Observe(time.Since(acquired).Seconds())
+		held := time.Since(acquired)
+		metrics.hold.Observe(held.Seconds())
+		h.holds.observe(held)
 		if resp == nil {
 			err := h.store.Abandon(r.Context(), lk)
 			observeRelease(err)

@@ -154,6 +154,7 @@ type Handler struct {
 	inputs      keyInputs // what the key and scope read from a request
 	unavailable *rateLimitedWarn
 	releaseWarn *rateLimitedWarn
+	holds       *holdTimes // for Retry-After
 }
 
 // CaddyModule returns the Caddy module information.
@@ -169,6 +170,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.unavailable, h.releaseWarn = new(rateLimitedWarn), new(rateLimitedWarn)
+	h.holds = new(holdTimes)
 	h.applyDefaults()
 	h.keyTmpl = parseTemplate(h.Key)
 	h.scopeTmpl = parseTemplate(h.Scope)
