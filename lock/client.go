@@ -99,6 +99,9 @@ func NewWithBackend(b Backend, cfg *Config) *Client {
 // Backend is the backend the Client takes its locks on.
 func (c *Client) Backend() Backend { return c.b }
 
+// Config is the Client's configuration, with its defaults applied.
+func (c *Client) Config() Config { return c.cfg }
+
 // Key builds the Redis key for a lock: prefix + "{" + h[:4] + "}" + h, where
 // h is the hex SHA-256 of scope + NUL + name. Hashing keeps client data out
 // of Redis key names and keys fixed-length. The braces are a Cluster hash

@@ -102,10 +102,12 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // SET NX GET stores the record unless one exists, then HDEL releases the
 // lock's token and fingerprint. In that order a request that begins between
 // them finds the record, and a Complete retried after a lost reply finds
-// its own record and counts it as stored. Once lk is lost, a script checks
-// that no other request holds the key first (complete.lua).
+// its own record and counts it as stored. Once lk may be lost (see
+// mayBeLost), a script checks that no other request holds the key first
+// (complete.lua). Complete may be called again with the same lk after an
+// ErrUnavailable error: each call decides anew.
 func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *Response, retention time.Duration) error {
-	lost := errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld)
+	lost := s.mayBeLost(lk)
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
 	value := encode(fingerprint, resp)
@@ -133,6 +135,35 @@ func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string,
 		return fmt.Errorf("%w: stored on %d of %d: %w", lock.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
 	}
 	return ErrNotStored
+}
+
+// mayBeLost reports whether lk's outcome must be stored the checked way
+// (complete.lua), the one place that decides it: when lk was lost (Redis
+// reported another holder, or its local lease deadline passed unrenewed
+// while it was kept alive), or when less than one call is left before its
+// local lease deadline, or that deadline has passed. The deadline counts
+// after Stop too: a Complete retried in the background after Redis failed
+// has a stopped lock, whose Context says ErrReleased however long ago its
+// lease ran out, and a holder past its lease must never store unchecked,
+// since a later request may have taken the key and be running.
+//
+// The margin is one call, the Client's CallTimeout (at least its
+// ReleaseTimeout): the native commands may reach Redis that long after
+// they are issued (an attempt, then go-redis's retry on a new connection),
+// and they are safe only if Redis runs them while the lease still holds
+// there, which is at or after the local deadline. A smaller margin (the
+// lease's own, for clock drift) would let a command sent just before the
+// deadline land after it. The price is a script instead of two native
+// commands for a request that completes within a call of its deadline,
+// which renewal (every ttl/3) keeps rare unless ttl is under about 1.5
+// times CallTimeout. With neither timeout set the margin is 0.
+func (s *Store) mayBeLost(lk *lock.Lock) bool {
+	if errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld) {
+		return true
+	}
+	cfg := s.c.Config()
+	margin := max(cfg.CallTimeout, cfg.ReleaseTimeout)
+	return time.Until(lk.Deadline()) <= margin
 }
 
 // completeOn stores value as lk's record on node i and releases lk there;

@@ -1,0 +1,103 @@
+package record
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// newStoreCounting is a Store whose client records the commands it sends.
+func newStoreCounting(t *testing.T, cfg lock.Config) (*Store, *redis.Client, *redistest.Commands) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	cmds := new(redistest.Commands)
+	rdb.AddHook(cmds)
+	s, err := NewStore(lock.New(rdb, &cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, rdb, cmds
+}
+
+var laterResponse = &Response{Outcome: Replayable, Status: 201, Body: []byte(`{"id":"ch_2"}`)}
+
+// A Complete retried after a first one failed has a stopped lock (its
+// Context says ErrReleased); once its lease has run out, another request
+// may run under the key, and the retry must not store over it.
+func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
+	s, rdb, cmds := newStoreCounting(t, lock.Config{CallTimeout: 100 * time.Millisecond})
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "stale")
+	stale, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.Stop() // what a first Complete does before Redis fails it
+	time.Sleep(time.Until(stale.Deadline()) + 100*time.Millisecond)
+	later, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("a request after the stale holder's lease: %v", err)
+	}
+	cmds.Take()
+	if err := s.Complete(ctx, stale, fp("a"), okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
+		t.Fatalf("the stale holder's retried Complete: %v, want ErrNotStored", err)
+	}
+	if sent, _ := cmds.Take(); !slices.Contains(sent, "evalsha") || slices.Contains(sent, "set") {
+		t.Fatalf("the stale holder's Complete sent %v, want complete.lua and no native SET", sent)
+	}
+	if n := rdb.Exists(ctx, Key(key)).Val(); n != 0 {
+		t.Fatal("the stale holder's answer was stored while a later request runs")
+	}
+	if err := s.Complete(ctx, later, fp("a"), laterResponse, time.Hour); err != nil {
+		t.Fatalf("the later request's Complete: %v", err)
+	}
+	var done *CompletedError
+	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) || string(done.Response.Body) != string(laterResponse.Body) {
+		t.Fatalf("a retry after both: %v, want the later request's answer", err)
+	}
+}
+
+// Within a call (CallTimeout) of the local lease deadline the native
+// commands could reach Redis after the lease: the completion is the checked
+// one. With more left, it is native.
+func TestCompleteNearLeaseDeadlineIsChecked(t *testing.T) {
+	s, rdb, cmds := newStoreCounting(t, lock.Config{CallTimeout: 2 * time.Second, ReleaseTimeout: time.Second})
+	ctx := ctxT(t)
+
+	key := lock.Key("test:", "", "near")
+	near, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 1500 * time.Millisecond, Renew: lock.NoRenew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The lease is gone in Redis (as after a restart that lost it) and
+	// another request runs; near's local deadline has not passed.
+	rdb.Del(ctx, key)
+	later, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(near.Deadline()); left <= 0 {
+		t.Fatalf("the local deadline passed already (%v): the test is too slow to say anything", left)
+	}
+	cmds.Take()
+	if err := s.Complete(ctx, near, fp("a"), okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
+		t.Fatalf("Complete within a call of the deadline: %v, want ErrNotStored", err)
+	}
+	if sent, _ := cmds.Take(); !slices.Contains(sent, "evalsha") || slices.Contains(sent, "set") {
+		t.Fatalf("Complete within a call of the deadline sent %v, want complete.lua", sent)
+	}
+	if err := s.Complete(ctx, later, fp("a"), laterResponse, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if sent, _ := cmds.Take(); !slices.Contains(sent, "set") || !slices.Contains(sent, "hdel") || slices.Contains(sent, "evalsha") {
+		t.Fatalf("Complete with 10s of lease left sent %v, want the native SET and HDEL", sent)
+	}
+}

@@ -1,0 +1,209 @@
+package redislock
+
+// A holder whose lease ran out while Redis was down must not store its
+// answer over a later run's: two Caddy nodes (two sites of one config, each
+// with its own Redis client), one Redis with AOF that is killed and
+// restarted from its file after the lease.
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+// startCaddySites loads one Caddy config with a site per body, each on its
+// own port: nodes of one deployment, in one process. As startCaddySite.
+func startCaddySites(t *testing.T, bodies ...string) []*caddySite {
+	t.Helper()
+	ports := make([]int, len(bodies))
+	var sites strings.Builder
+	for i, body := range bodies {
+		ports[i] = mustFreePort(t)
+		fmt.Fprintf(&sites, "http://127.0.0.1:%d {\n%s\n}\n\n", ports[i], body)
+	}
+	cf := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	auto_https off
+	skip_install_trust
+	grace_period 1s
+	storage file_system %s
+	log {
+		level WARN
+	}
+}
+
+%s`, t.TempDir(), sites.String())
+	caddyMu.Lock()
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Logf("caddy.Stop: %v", err)
+		}
+		caddyMu.Unlock()
+	})
+	loadCaddyfile(t, cf)
+	out := make([]*caddySite, len(bodies))
+	for i, p := range ports {
+		out[i] = &caddySite{t: t, URL: fmt.Sprintf("http://127.0.0.1:%d", p), caddyfile: cf,
+			client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}}
+		t.Cleanup(out[i].client.CloseIdleConnections)
+	}
+	return out
+}
+
+// TestStaleHolderNeverStoresOverLaterRun: node A's charge is answered while
+// Redis is down, and its completion is retried in the background. Redis
+// comes back from its AOF after the lease, a retry on node B runs the charge
+// again (allowed: the first answer was never stored), and while B runs, A's
+// retried completion reaches Redis (A's way there was cut until then). A's
+// lease ran out: its completion must be the checked one, refused because B
+// holds the key, so that a retry meanwhile gets 409 in-progress and every
+// later one B's answer.
+func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "yes")
+	ctx := context.Background()
+	if v, err := redistest.Do(ctx, srv.Addr, nil, "CONFIG", "GET", "appendonly"); err != nil || fmt.Sprint(v) != "[appendonly yes]" {
+		t.Fatalf("appendonly: %v %v", v, err)
+	}
+	gateA := redistest.StartGate(t, srv.Addr) // node A's way to Redis
+
+	var charges atomic.Int64
+	release := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		n := charges.Add(1)
+		if int(n) <= len(release) {
+			select {
+			case <-release[n-1]:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%d}`, n)
+	})
+	// Released by the test, or at its end (after a failure) so that the
+	// backend, and Caddy, can stop.
+	var released [2]atomic.Bool
+	free := func(i int) {
+		if released[i].CompareAndSwap(false, true) {
+			close(release[i])
+		}
+	}
+	t.Cleanup(func() { free(0); free(1) })
+	const ttl = 3 * time.Second
+	node := func(redisAddr string) string {
+		return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+		ttl 3s
+		idempotency
+	}
+	reverse_proxy %s`, redisAddr, be.hostPort())
+	}
+	sites := startCaddySites(t, node(gateA.Addr), node(srv.Addr))
+	a, b := sites[0], sites[1]
+	const key, body = "order-stale", `{"amount":1299}`
+	lockKey := lock.Key(DefaultPrefix, "", key)
+	pay := func(s *caddySite) *response {
+		t.Helper()
+		return s.do("POST", "/pay", body, "Idempotency-Key", key)
+	}
+	type result struct {
+		r   *response
+		err error
+	}
+	payAsync := func(s *caddySite) chan result {
+		out := make(chan result, 1)
+		go func() {
+			r, err := s.send(ctx, "POST", "/pay", body, "Idempotency-Key", key)
+			out <- result{r, err}
+		}()
+		return out
+	}
+
+	// (1) Client 1 on node A, mid-charge, when Redis is SIGKILLed.
+	first := payAsync(a)
+	be.waitEntered(t, 5*time.Second)
+	srv.Stop()
+	killed := time.Now()
+	gateA.Shut() // A stays cut off from Redis until B runs the charge again
+	free(0)
+	r1 := <-first
+	if r1.err != nil || r1.r.Status != http.StatusCreated || r1.r.Header.Get("X-Charge") != "1" {
+		t.Fatalf("client 1: %v %v, want charge 1", r1.r, r1.err)
+	}
+
+	// (2) Redis restarts from its AOF once the lease has run out (it was
+	// last renewed before the kill), and a retry on node B runs the charge
+	// again: the first answer was never stored.
+	time.Sleep(time.Until(killed.Add(ttl + 300*time.Millisecond)))
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := redistest.Do(ctx, srv.Addr, nil, "EXISTS", lock.CounterKey(lockKey), lockKey, record.Key(lockKey)); err != nil || v != int64(1) {
+		t.Fatalf("after the restart: %v %v keys of fencing counter, lock and record; want the counter only (data kept, lease over)", v, err)
+	}
+	second := payAsync(b)
+	if s := be.waitEntered(t, 5*time.Second); s.Key != key || charges.Load() != 2 {
+		t.Fatalf("the retry on B did not run the charge again: %+v, %d charges", s, charges.Load())
+	}
+
+	// (3) While B runs it, A's background completion reaches Redis.
+	completeSrc, err := os.ReadFile("record/complete.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha1.Sum(completeSrc)
+	completeSHA := hex.EncodeToString(sum[:])
+	if err := gateA.Open(); err != nil {
+		t.Fatal(err)
+	}
+	// Done when A's record was stored unchecked or its checked completion
+	// (complete.lua, which only a holder past its lease runs) has run.
+	redistest.Eventually(t, 5*time.Second, "node A's completion reaches Redis", func() bool {
+		stored, _ := redistest.Do(ctx, srv.Addr, nil, "EXISTS", record.Key(lockKey))
+		checked, _ := redistest.Do(ctx, srv.Addr, nil, "SCRIPT", "EXISTS", completeSHA)
+		return stored == int64(1) || fmt.Sprint(checked) == "[1]"
+	})
+	for name, s := range map[string]*caddySite{"A": a, "B": b} {
+		r := pay(s)
+		if p := expectProblem(t, r, http.StatusConflict); !strings.HasSuffix(p.Type, "in-progress") {
+			t.Fatalf("client 3 on node %s while B runs the charge: %s, want 409 in-progress", name, r)
+		}
+	}
+
+	// (4) B's answer is stored; every later retry, on either node, replays
+	// it byte for byte.
+	free(1)
+	r2 := <-second
+	if r2.err != nil || r2.r.Status != http.StatusCreated || r2.r.Header.Get("X-Charge") != "2" || r2.r.Header.Get(replayedHeader) != "" {
+		t.Fatalf("client 2 on node B: %v %v, want charge 2 executed", r2.r, r2.err)
+	}
+	for i := range 2 {
+		for name, s := range map[string]*caddySite{"A": a, "B": b} {
+			r := pay(s)
+			if r.Status != r2.r.Status || r.Body != r2.r.Body || r.Header.Get("X-Charge") != "2" || r.Header.Get(replayedHeader) != "true" {
+				t.Fatalf("retry %d on node %s: %s, want the replay of charge 2 %s", i, name, r, r2.r)
+			}
+		}
+	}
+	if n := executions(be, key); n != 2 {
+		t.Fatalf("the backend ran the charge %d times, want 2", n)
+	}
+}
