@@ -71,16 +71,16 @@ func (w windows) emptyEnd(f faultEvent) time.Time { return f.Return.Add(w.ttl + 
 func (w windows) rerunExcused(delivered, start time.Time) string {
 	for _, f := range w.empty {
 		if delivered.Before(f.Return) && start.After(f.Start) {
-			return "records lost in the empty restart at " + f.Start.Format("15:04:05.000")
+			return "re-runs after an empty restart"
 		}
 	}
 	if w.emptyCovers(start) {
-		return "within an empty restart's window"
+		return "re-runs after an empty restart"
 	}
 	for _, f := range w.outages {
 		if !delivered.Before(f.Start) && !delivered.After(f.Return) &&
 			!start.Before(f.Return) && start.Before(f.Return.Add(w.tryInterval)) {
-			return fmt.Sprintf("answered while Redis was away (%s), re-run within a try's interval of its return", f.Kind)
+			return "re-runs within a try's interval of Redis's return"
 		}
 	}
 	return ""
@@ -161,9 +161,11 @@ type runRecord struct {
 // its answer: a lease, and a few seconds for Redis timeouts and the backend.
 func attemptBound(ttl time.Duration) time.Duration { return ttl + 3*time.Second }
 
-// check runs every check on rec.
-func check(rec runRecord) []violation {
+// check runs every check on rec. It returns the violations, and how many
+// times a documented window excused what would have been one.
+func check(rec runRecord) ([]violation, map[string]int) {
 	var vs []violation
+	excused := map[string]int{}
 	add := func(check, key, format string, args ...any) {
 		vs = append(vs, violation{Check: check, Key: key, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -259,7 +261,9 @@ func check(rec runRecord) []violation {
 			}
 			for i := range j {
 				a := ex[i]
-				if b.Start.Before(a.End) && !w.overlapExcused(a, b) {
+				if b.Start.Before(a.End) && w.overlapExcused(a, b) {
+					excused["overlaps across an empty restart"]++
+				} else if b.Start.Before(a.End) {
 					add(checkOverlap, k, "%s (node %d, %s..%s, fence %d) overlaps %s (node %d, %s..%s, fence %d)",
 						b.ID, b.Node, at(b.Start), at(b.End), b.Fence, a.ID, a.Node, at(a.Start), at(a.End), a.Fence)
 				}
@@ -272,11 +276,12 @@ func check(rec runRecord) []violation {
 			// The earliest answer delivered before b began, outside the windows.
 			ds := deliveries[k]
 			sort.Slice(ds, func(i, j int) bool { return ds[i].End.Before(ds[j].End) })
+			why := ""
 			for _, d := range ds {
 				if !d.End.Before(b.Start) {
 					break
 				}
-				if w.rerunExcused(d.End, b.Start) != "" {
+				if why = w.rerunExcused(d.End, b.Start); why != "" {
 					continue
 				}
 				what := "its answer"
@@ -288,7 +293,11 @@ func check(rec runRecord) []violation {
 				}
 				add(checkRerun, k, "%s ran (node %d, %s, fence %d) after client %d attempt %d got %s at %s (status %d, %s, node %d)",
 					b.ID, b.Node, at(b.Start), b.Fence, d.Client, d.N, what, at(d.End), d.Status, orNone(d.ExecID), d.Node)
+				why = ""
 				break
+			}
+			if why != "" {
+				excused[why]++
 			}
 		}
 	}
@@ -328,7 +337,7 @@ func check(rec runRecord) []violation {
 			}
 		}
 	}
-	return vs
+	return vs, excused
 }
 
 // answered says what an execution answered, for the details.

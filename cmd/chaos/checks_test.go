@@ -143,7 +143,7 @@ func TestChecks(t *testing.T) {
 			if tc.rec.TTL == 0 {
 				tc.rec.TTL = time.Second
 			}
-			vs := check(tc.rec)
+			vs, _ := check(tc.rec)
 			got := count(vs)
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Errorf("violations %v, want %v", got, tc.want)

@@ -65,6 +65,7 @@ type outcome struct {
 	Scenario   scenario
 	Record     runRecord
 	Violations []violation
+	Excused    map[string]int // what the documented windows excused
 	Dir        string
 	Took       time.Duration
 }
@@ -186,7 +187,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 
 	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
 		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, End: end}
-	o.Violations = check(o.Record)
+	o.Violations, o.Excused = check(o.Record)
 	o.Took = time.Since(began)
 	return o, nil
 }
@@ -267,6 +268,15 @@ func writeSummary(w io.Writer, o *outcome) {
 	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
 	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters\n",
 		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters)
+	var ex []string
+	for why, n := range o.Excused {
+		ex = append(ex, fmt.Sprintf("%d %s", n, why))
+	}
+	sort.Strings(ex)
+	if len(ex) == 0 {
+		ex = []string{"nothing"}
+	}
+	fmt.Fprintf(w, "  windows:    excused %s\n", strings.Join(ex, ", "))
 	byCheck := map[string]int{}
 	for _, v := range o.Violations {
 		byCheck[v.Check]++
