@@ -3,6 +3,7 @@ package redislock
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -27,7 +28,7 @@ func TestWriteProblemRespond(t *testing.T) {
 		t.Fatal(err)
 	}
 	if body["type"] != "https://github.com/reqlock/caddy-redis-lock#conflict" || body["status"] != 409.0 ||
-		body["title"] == "" || body["detail"] == "" || len(body) != 4 {
+		body["title"] == "" || body["detail"] == "" || body["error"] == nil || len(body) != 5 {
 		t.Errorf("body %v", body)
 	}
 }
@@ -48,6 +49,11 @@ func TestProblemsAreStable(t *testing.T) {
 		{problemUnavailable, "unavailable", 503},
 		{problemLockLost, "lock-lost", 503},
 		{problemTooEarly, "too-early", 425},
+		{problemInvalidIdempotencyKey, "invalid-idempotency-key", 400},
+		{problemInProgress, "in-progress", 409},
+		{problemMismatch, "key-reused", 422},
+		{problemNotReplayable, "not-replayable", 422},
+		{problemOutcomeUnknown, "outcome-unknown", 502},
 	} {
 		rec := httptest.NewRecorder()
 		if err := (&Handler{Errors: ErrorsRespond}).writeProblem(rec, p.p); err != nil {
@@ -91,5 +97,80 @@ func TestRetryAfterRounding(t *testing.T) {
 		if got := problemConflict.withRetryAfter(tt.secs).retryAfter; got != tt.want {
 			t.Errorf("withRetryAfter(%d) = %d, want %d", tt.secs, got, tt.want)
 		}
+	}
+}
+
+// allProblems is every problem the handler writes, with the Stripe error
+// type its body carries.
+var allProblems = []struct {
+	p       problem
+	errType string
+}{
+	{problemConflict, "idempotency_error"},
+	{problemMissingKey, "invalid_request_error"},
+	{problemInvalidJSON, "invalid_request_error"},
+	{problemAmbiguousKey, "invalid_request_error"},
+	{problemBodyTimeout, "invalid_request_error"},
+	{problemBodyUnreadable, "invalid_request_error"},
+	{problemBodyTooLarge, "invalid_request_error"},
+	{problemUnavailable, "api_error"},
+	{problemLockLost, "api_error"},
+	{problemInvalidIdempotencyKey, "invalid_request_error"},
+	{problemInProgress, "idempotency_error"},
+	{problemMismatch, "idempotency_error"},
+	{problemNotReplayable, "idempotency_error"},
+	{problemOutcomeUnknown, "api_error"},
+	{problemTooEarly, "invalid_request_error"},
+}
+
+// Every problem body carries, beside RFC 9457's members, the error member
+// Stripe's SDKs read: its type, the problem's slug as code, its detail as
+// message. Only outcome-unknown, which a retry only gets again, tells the
+// SDKs not to retry.
+func TestProblemStripeError(t *testing.T) {
+	seen := map[string]bool{}
+	for _, tt := range allProblems {
+		p := tt.p
+		if seen[p.slug] {
+			t.Errorf("%s listed twice", p.slug)
+		}
+		seen[p.slug] = true
+		var body struct {
+			problemJSON
+			Error map[string]string `json:"error"`
+		}
+		if err := json.Unmarshal(p.json, &body); err != nil {
+			t.Fatalf("%s: %v", p.slug, err)
+		}
+		want := map[string]string{"type": tt.errType, "code": p.slug, "message": body.Detail}
+		if !maps.Equal(body.Error, want) || body.Detail == "" || body.Type != problemTypeBase+p.slug {
+			t.Errorf("%s: error member %v, want %v (body %s)", p.slug, body.Error, want, p.json)
+		}
+		rec := httptest.NewRecorder()
+		if err := writeProblemBody(rec, p); err != nil {
+			t.Fatal(err)
+		}
+		wantRetry := ""
+		if p.slug == "outcome-unknown" {
+			wantRetry = "false"
+		}
+		if got := rec.Header().Get("Stripe-Should-Retry"); got != wantRetry || p.headers().Get("Stripe-Should-Retry") != wantRetry {
+			t.Errorf("%s: Stripe-Should-Retry %q, want %q", p.slug, got, wantRetry)
+		}
+		if rec.Body.String() != string(p.json) {
+			t.Errorf("%s: wrote %q, want the body marshalled at init", p.slug, rec.Body.String())
+		}
+	}
+	// The stored outcome-unknown record is the problem's body and headers.
+	resp := (&Handler{}).unknownOutcome()
+	if string(resp.Body) != string(problemOutcomeUnknown.json) || resp.Header.Get("Stripe-Should-Retry") != "false" ||
+		!strings.Contains(string(resp.Body), `"error":{"type":"api_error","code":"outcome-unknown"`) {
+		t.Errorf("stored outcome-unknown: headers %v, body %s", resp.Header, resp.Body)
+	}
+	// handle_errors mode sends the retry headers too.
+	rec := httptest.NewRecorder()
+	if err := (&Handler{Errors: ErrorsHandleErrors}).writeProblem(rec, problemOutcomeUnknown); err == nil ||
+		rec.Header().Get("Stripe-Should-Retry") != "false" {
+		t.Errorf("handle_errors: err %v, Stripe-Should-Retry %q", err, rec.Header().Get("Stripe-Should-Retry"))
 	}
 }
