@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,19 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 		return nil, nil, err
 	}
 	opt := universalOptions(c, tlsCfg)
+	rd := newRedialer(opt)
+	opt.Dialer = rd.dial
+	b, closeFn, err := newClients(c, opt)
+	if err != nil {
+		rd.close()
+		return nil, nil, err
+	}
+	return b, func() error { rd.close(); return closeFn() }, nil
+}
+
+// newClients builds the go-redis clients of c's mode with opt, and the lock
+// backend on them.
+func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func() error, error) {
 	switch c.Mode {
 	case ModeSentinel:
 		// A failover client follows the Sentinels' +switch-master and
@@ -126,6 +140,88 @@ func universalOptions(c *RedisConfig, tlsCfg *tls.Config) *redis.UniversalOption
 		// never applies twice.
 		MaxRetries:    1,
 		DialerRetries: 1,
+	}
+}
+
+// redialer is the dialer of a backend's go-redis clients: their own
+// dialer, except when a pool's probe calls it after an outage.
+//
+// After PoolSize failed dials since it last connected, a go-redis pool
+// fails every new connection at once with the last dial error, and a
+// background probe (internal/pool's tryDial) dials once a second until it
+// connects; only then does the pool dial again. No option sets that
+// interval (v9.23.0: the probe sleeps a fixed second after each failure).
+// A node that saw Redis go away would so stay away for up to a second after
+// Redis is back, and in idempotency mode a retry on another node could run
+// a request again meanwhile, although its answer is on its way to Redis.
+//
+// Called from the probe, redialer keeps dialling, every redialInterval
+// (each attempt bounded by DialTimeout), until a dial succeeds or the
+// backend is closed, so the probe succeeds, and the pool takes new
+// connections again, within redialInterval of Redis's return. The probe
+// runs in a goroutine of its own: no request waits on it. Every other dial
+// is a single attempt, as before: while Redis is down, commands still fail
+// at once. The probe is told apart by its frame on the call stack, the one
+// thing that tells it from the pool's other dials (their contexts and
+// deadlines look the same); should go-redis rename or remove it, dials
+// behave as go-redis's own again (TestRedialAfterRestartWithinBound fails).
+type redialer struct {
+	next    func(ctx context.Context, network, addr string) (net.Conn, error)
+	timeout time.Duration // each attempt of the probe's
+	done    chan struct{} // closed with the backend
+	closed  sync.Once
+}
+
+// redialInterval is how often the pools' probe dials while Redis refuses.
+const redialInterval = 25 * time.Millisecond
+
+// probeFrame is the function of go-redis's pool probe.
+const probeFrame = "github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"
+
+func newRedialer(opt *redis.UniversalOptions) *redialer {
+	// go-redis's own dialer, as it builds it when Options.Dialer is nil.
+	timeout := opt.DialTimeout
+	if timeout <= 0 {
+		timeout = DefaultDialTimeout
+	}
+	next := redis.NewDialer(&redis.Options{DialTimeout: timeout, TLSConfig: opt.TLSConfig})
+	return &redialer{next: next, timeout: timeout, done: make(chan struct{})}
+}
+
+func (r *redialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if !calledFrom(probeFrame) {
+		return r.next(ctx, network, addr)
+	}
+	for {
+		actx, cancel := context.WithTimeout(context.Background(), r.timeout)
+		c, err := r.next(actx, network, addr)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-r.done:
+			return nil, err
+		case <-time.After(redialInterval):
+		}
+	}
+}
+
+// close ends a probe's dialling: the pool's probe then ends with its pool.
+func (r *redialer) close() { r.closed.Do(func() { close(r.done) }) }
+
+// calledFrom reports whether fn is on the caller's stack (within 32 frames).
+func calledFrom(fn string) bool {
+	var pcs [32]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs[:])])
+	for {
+		f, more := frames.Next()
+		if f.Function == fn {
+			return true
+		}
+		if !more {
+			return false
+		}
 	}
 }
 
