@@ -219,7 +219,7 @@ func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint strin
 // completeRetryFor is how long an outcome is tried again in the background
 // while Redis does not answer (at least a lease): a retry that comes once
 // Redis is back finds it, unless it comes within a try's interval (at most
-// 200ms) of Redis's return.
+// 200ms) and a reconnect (redialInterval) of Redis's return.
 const completeRetryFor = 10 * time.Second
 
 // stored counts and logs the end of a completion.
