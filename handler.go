@@ -124,50 +124,29 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 // byte of the response is written, whatever next does (returns, fails,
 // panics).
 func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
-	acquired := time.Now()
-	released := false
+	q := h.hold(w, r, repl, lk)
 	// release deletes the lock before the response completes, waiting on
 	// Redis for at most the client's timeout. A lost lock is released in
 	// the background: its answer is due now, at the local deadline.
 	release := func(lost bool) {
-		if released {
-			return
-		}
-		released = true
-		held := time.Since(acquired)
-		metrics.hold.Observe(held.Seconds())
-		h.holds.observe(held)
-		if lost {
-			lk.ReleaseAsync(r.Context(), func(err error) {
-				observeRelease(err)
-				h.client.done()
-			})
-			return
-		}
-		err := lk.Release(r.Context())
-		observeRelease(err)
-		h.client.done()
-		if err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			h.releaseWarn.warn(h.logger, "releasing lock", zap.String("key", lk.Key()), zap.Error(err))
-		}
-	}
-	hw := newHoldWriter(w)
-	counted := false
-	defer func() {
-		if p := recover(); p != nil {
-			// reverse_proxy panics with http.ErrAbortHandler when its
-			// upstream request is cancelled mid-body: a lost lock, too.
-			cause := context.Cause(lk.Context())
-			release(errors.Is(cause, lock.ErrNotHeld))
-			hw.discard()
-			if !counted {
-				h.countPanicked(repl, lk, cause)
+		q.giveBack(func(done func()) {
+			if lost {
+				lk.ReleaseAsync(r.Context(), func(err error) {
+					observeRelease(err)
+					done()
+				})
+				return
 			}
-			panic(p)
-		}
-	}()
+			err := lk.Release(r.Context())
+			observeRelease(err)
+			done()
+			if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+				h.releaseWarn.warn(h.logger, "releasing lock", zap.String("key", lk.Key()), zap.Error(err))
+			}
+		})
+	}
+	defer q.recoverPanic(release)
 
-	h.runUnder(r, repl, lk)
 	parent := r.Context()
 	if h.LostLock == LostLockAbort {
 		// Cancels the upstream request when the lock is lost.
@@ -176,45 +155,29 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	req, once := sendOnce(r, ctx, cancel)
-	nextErr := next.ServeHTTP(hw, req)
+	nextErr := next.ServeHTTP(q.hw, req)
 
-	cause := context.Cause(lk.Context())
-	release(errors.Is(cause, lock.ErrNotHeld))
-	if once.stopped() && nextErr != nil && !hw.started && !(errors.Is(cause, lock.ErrNotHeld) && h.LostLock == LostLockAbort) {
+	lost, cause := q.lost()
+	release(lost)
+	if lost {
+		h.lockLost(lk, cause)
+	}
+	switch {
+	case lost && h.LostLock == LostLockAbort && q.hw.started:
+		q.abort()
+	case lost && h.LostLock == LostLockAbort:
+		// next's error is the cancellation this handler caused.
+		q.counted = true
+		return q.close(h.reject(q.hw, repl, resultLost, problemLockLost))
+	case once.stopped() && nextErr != nil && !q.hw.started:
 		// Written once, and the answer never came: whatever status
 		// reverse_proxy gives the stopped second sending, the outcome is
 		// unknown.
-		if errors.Is(cause, lock.ErrNotHeld) {
-			h.lockLost(lk, cause)
-		}
-		h.countOutcome(repl, r, errors.Is(cause, lock.ErrNotHeld))
-		err := h.writeProblem(w, problemOutcomeUnknown)
-		hw.free()
-		return err
+		q.countOutcome(lost)
+		return q.close(h.writeProblem(q.hw, problemOutcomeUnknown))
 	}
-	if errors.Is(cause, lock.ErrNotHeld) {
-		h.lockLost(lk, cause)
-		if h.LostLock == LostLockAbort {
-			if !hw.started {
-				// next's error is the cancellation this handler caused.
-				err := h.reject(w, repl, resultLost, problemLockLost)
-				hw.free() // last: the panic handler above still uses hw
-				return err
-			}
-			h.count(repl, resultLost)
-			counted = true
-			hw.discard()
-			panic(http.ErrAbortHandler) // the client must not see a complete-looking response
-		}
-		h.count(repl, resultLost)
-	} else if r.Context().Err() != nil {
-		h.count(repl, resultCancelled)
-	} else {
-		h.count(repl, resultAcquired)
-	}
-	_ = hw.finish() // a failed write means the client is gone
-	hw.free()
-	return nextErr
+	q.countOutcome(lost)
+	return q.close(nextErr)
 }
 
 // runUnder marks r as running under lk: its result acquired, its fencing

@@ -65,46 +65,28 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 // serveRecorded runs a new request with its record in progress, and stores
 // its outcome (or gives the record up) before the response completes.
 func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock, fingerprint string) error {
-	acquired := time.Now()
-	hw := newHoldWriter(w)
-	rec := newRecordingWriter(hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead)
-	finished, counted := false, false
-	// finish stores resp (nil: gives the record up) and releases the lock,
+	q := h.hold(w, r, repl, lk)
+	rec := newRecordingWriter(q.hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead)
+	// store stores resp (nil: gives the record up) and releases the lock,
 	// waiting on Redis for at most the client's timeout.
-	finish := func(resp *record.Response, lost bool) {
-		if finished {
-			return
-		}
-		finished = true
-		held := time.Since(acquired)
-		metrics.hold.Observe(held.Seconds())
-		h.holds.observe(held)
-		if resp == nil {
-			err := h.store.Abandon(r.Context(), lk)
-			observeRelease(err)
-			h.client.done()
-			if err != nil && !errors.Is(err, lock.ErrNotHeld) {
-				h.releaseWarn.warn(h.logger, "giving up a record", zap.String("key", lk.Key()), zap.Error(err))
+	store := func(resp *record.Response, lost bool) {
+		q.giveBack(func(done func()) {
+			if resp == nil {
+				err := h.store.Abandon(r.Context(), lk)
+				observeRelease(err)
+				done()
+				if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+					h.releaseWarn.warn(h.logger, "giving up a record", zap.String("key", lk.Key()), zap.Error(err))
+				}
+				return
 			}
-			return
-		}
-		h.complete(r.Context(), lk, fingerprint, resp, lost)
+			h.complete(r.Context(), lk, fingerprint, resp, lost, done)
+		})
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			// reverse_proxy panics with http.ErrAbortHandler when the
-			// upstream answer breaks off mid-body: sent, not answered.
-			cause := context.Cause(lk.Context())
-			finish(h.unknownOutcome(), errors.Is(cause, lock.ErrNotHeld))
-			hw.discard()
-			if !counted {
-				h.countPanicked(repl, lk, cause)
-			}
-			panic(p)
-		}
-	}()
+	// A panic is an answer that broke off or never came: sent, not
+	// answered.
+	defer q.recoverPanic(func(lost bool) { store(h.unknownOutcome(), lost) })
 
-	h.runUnder(r, repl, lk)
 	restrictAcceptEncoding(r)
 	// Detached from the client: its record outlives it, so that its retry
 	// gets the answer. Cancelled when the lock is lost (lost_lock abort),
@@ -130,8 +112,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	req, once := sendOnce(r, reqCtx, cancelReq)
 	nextErr := next.ServeHTTP(rec, req)
 
-	cause := context.Cause(lk.Context())
-	lost := errors.Is(cause, lock.ErrNotHeld)
+	lost, cause := q.lost()
 	if lost {
 		h.lockLost(lk, cause)
 	}
@@ -140,48 +121,32 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		// The upstream request was cancelled: sent, maybe done, not
 		// answered. The answer is due now: the outcome is stored in the
 		// background.
-		finish(h.unknownOutcome(), true)
-		h.count(repl, resultLost)
-		counted = true
-		if hw.started {
-			hw.discard()
-			panic(http.ErrAbortHandler) // the client must not see a complete-looking response
+		store(h.unknownOutcome(), true)
+		if q.hw.started {
+			q.abort()
 		}
-		err := h.writeStoredProblem(hw, problemOutcomeUnknown)
-		_ = hw.finish()
-		hw.free()
-		return err
-	case nextErr != nil && hw.started:
+		q.count(resultLost)
+		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
+	case nextErr != nil && q.hw.started:
 		// The answer broke off after it began: what was recorded is not
 		// the whole answer.
-		finish(h.unknownOutcome(), lost)
-		h.countOutcome(repl, r, lost)
-		_ = hw.finish()
-		hw.free()
-		return nextErr
+		store(h.unknownOutcome(), lost)
+	case nextErr != nil && neverReached(nextErr) && !once.stopped() && !errors.Is(context.Cause(reqCtx), errClientGoneTooLong):
+		// Never reached a backend: nothing to keep, a retry runs.
+		store(nil, lost)
 	case nextErr != nil:
 		// Cut off a lease after the client left, or stopped from being
 		// sent a second time: sent, not answered.
-		if neverReached(nextErr) && !once.stopped() && !errors.Is(context.Cause(reqCtx), errClientGoneTooLong) {
-			finish(nil, lost)
-			h.countOutcome(repl, r, lost)
-			return nextErr
-		}
-		finish(h.unknownOutcome(), lost)
-		h.countOutcome(repl, r, lost)
-		err := h.writeStoredProblem(hw, problemOutcomeUnknown)
-		_ = hw.finish()
-		hw.free()
-		return err
+		store(h.unknownOutcome(), lost)
+		q.countOutcome(lost)
+		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
 	case notProcessed(rec.status):
-		finish(nil, lost)
+		store(nil, lost)
 	default:
-		finish(rec.response(), lost)
+		store(rec.response(), lost)
 	}
-	h.countOutcome(repl, r, lost)
-	_ = hw.finish() // a failed write means the client is gone
-	hw.free()
-	return nextErr
+	q.countOutcome(lost)
+	return q.close(nextErr)
 }
 
 // complete stores resp as the outcome of lk's request. When Redis does not
@@ -190,7 +155,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 // (complete.lua still writes it while no other request has the key). A lost
 // lock's answer is due at once: its outcome is stored in the background
 // from the first attempt.
-func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *record.Response, lost bool) {
+func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *record.Response, lost bool, done func()) {
 	retention := time.Duration(h.Idempotency.Retention)
 	err := lock.ErrUnavailable
 	if !lost {
@@ -200,7 +165,7 @@ func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint strin
 	}
 	if errors.Is(err, lock.ErrUnavailable) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
-			defer h.client.done()
+			defer done()
 			deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
 			for wait := time.Duration(0); errors.Is(err, lock.ErrUnavailable) && time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
 				time.Sleep(wait)
@@ -212,7 +177,7 @@ func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint strin
 			return
 		}
 	}
-	h.client.done()
+	done()
 	h.stored(lk, resp, err)
 }
 
@@ -233,19 +198,6 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {
 	if resp.Outcome == record.Unknown {
 		h.logger.Warn("outcome unknown: a problem response is stored in its place; DEL the record key to let a retry run",
 			zap.String("record_key", record.Key(lk.Key())), zap.Int64("fencing_token", lk.Fence()))
-	}
-}
-
-// countOutcome counts a request that ran: lost, cancelled (the client went
-// away, the answer is stored all the same) or acquired.
-func (h *Handler) countOutcome(repl *caddy.Replacer, r *http.Request, lost bool) {
-	switch {
-	case lost:
-		h.count(repl, resultLost)
-	case r.Context().Err() != nil:
-		h.count(repl, resultCancelled)
-	default:
-		h.count(repl, resultAcquired)
 	}
 }
 
