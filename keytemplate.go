@@ -134,13 +134,3 @@ func (t template) expand(repl *caddy.Replacer, f func(key string, val any) (any,
 	})
 	return out, missing, err
 }
-
-// idempotencyKeyPlaceholder reads a header in an idempotency key as an
-// Idempotency-Key value (a bare token or an sf-string, see
-// idempotencyKeyValue); other placeholders pass as they are.
-func idempotencyKeyPlaceholder(key string, val any) (any, error) {
-	if !strings.HasPrefix(key, headerPrefix) {
-		return val, nil
-	}
-	return idempotencyKeyValue(caddy.ToString(val))
-}
