@@ -21,29 +21,6 @@ import (
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
-// redisTimeout is the redis timeout of these tests' sites: a client's answer
-// may wait on Redis for at most twice that (one attempt and one retry).
-const redisTimeout = 300 * time.Millisecond
-
-// slack is what the answer may take beyond its bound on a busy 2-core VM.
-const slack = 250 * time.Millisecond
-
-// faultSite is /pay* keyed by Idempotency-Key, with short Redis timeouts.
-func faultSite(redisAddr, backend, extra string) string {
-	return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		redis %s {
-			timeout %s
-			dial_timeout %s
-		}
-%s
-	}
-	reverse_proxy %s {
-		transport http {
-			keepalive off
-		}
-	}`, redisAddr, redisTimeout, redisTimeout, extra, backend)
-}
-
 // goroutineBaseline is the goroutine count once s is idle; checkBaseline
 // waits until the count is back to it. The sites proxy without keep-alive,
 // so that idle upstream connections do not count.
@@ -113,7 +90,7 @@ func expectBoundedUnavailable(t *testing.T, resps []*response, took []time.Durat
 func TestBlackHoleRedisAnswersInTime(t *testing.T) {
 	hole := redistest.StartBlackHole(t)
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, faultSite(hole.Addr, be.hostPort(), ""), siteOptions{})
+	s := startCaddySite(t, paySite(hole.Addr, be.hostPort(), faultTimeouts), siteOptions{})
 	base := goroutineBaseline(s)
 	for _, n := range []int{1, 50} {
 		resps, took, errs := timedRequests(s, n, fmt.Sprintf("hole-%d", n))
@@ -131,7 +108,7 @@ func TestBlackHoleRedisAnswersInTime(t *testing.T) {
 func TestPausedRedisAnswersInTime(t *testing.T) {
 	srv, _ := newRedis(t)
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), faultTimeouts), siteOptions{})
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
 		t.Fatalf("warm-up: %s", r)
 	}
@@ -172,7 +149,7 @@ func TestLostLockAnsweredAtDeadline(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	const ttl = time.Second
-	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), "\t\tttl 1s"), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), faultTimeouts, lockLines("ttl 1s")), siteOptions{})
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
 		t.Fatalf("warm-up: %s", r)
 	}
@@ -227,7 +204,7 @@ func TestReleaseHoldsResponseAtMostTimeout(t *testing.T) {
 		}
 		io.WriteString(w, "charged")
 	})
-	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), "\t\tttl 3s"), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), faultTimeouts, lockLines("ttl 3s")), siteOptions{})
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
 		t.Fatalf("warm-up: %s", r)
 	}
@@ -263,17 +240,7 @@ func TestReloadKeepsLocksInFlight(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	site := func(timeout string) string {
-		return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		ttl 1s
-		redis %s {
-			timeout %s
-		}
-	}
-	reverse_proxy %s {
-		transport http {
-			keepalive off
-		}
-	}`, srv.Addr, timeout, be.hostPort())
+		return paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), redisLines("timeout "+timeout), proxyTransport("keepalive off"))
 	}
 	s := startCaddySite(t, site("1s"), siteOptions{})
 	base := goroutineBaseline(s)
@@ -404,7 +371,7 @@ func TestKeyIsUnambiguous(t *testing.T) {
 func TestFencingTrailerStripped(t *testing.T) {
 	srv, _ := newRedis(t)
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort()), siteOptions{})
 	for _, declared := range []bool{true, false} {
 		conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
 		if err != nil {
@@ -437,7 +404,7 @@ func TestFencingTrailerStripped(t *testing.T) {
 func TestDroppedConnectionRetried(t *testing.T) {
 	srv, rdb := newRedis(t)
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, faultSite(srv.Addr, be.hostPort(), ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), faultTimeouts), siteOptions{})
 	for i := range 5 {
 		if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("pooled-%d", i)); r.Status != 200 {
 			t.Fatalf("warm-up: %s", r)
@@ -463,13 +430,7 @@ func TestNoLockWithoutTTLThroughCaddy(t *testing.T) {
 		t.Fatal(err)
 	}
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		redis %s {
-			username caddy
-			password pw
-		}
-	}
-	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), redisLines("username caddy", "password pw")), siteOptions{})
 	expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", "no-ttl"), http.StatusServiceUnavailable)
 	if keys := lockKeys(t, rdb, DefaultPrefix); len(keys) != 0 {
 		t.Fatalf("lock keys left behind: %v", keys)

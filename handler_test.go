@@ -27,15 +27,6 @@ import (
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
-// headerKeySite is the simplest locked site: /pay* keyed by Idempotency-Key.
-func headerKeySite(redisAddr, backend, extra string) string {
-	return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		redis %s
-%s
-	}
-	reverse_proxy %s`, redisAddr, extra, backend)
-}
-
 // gate is a backend behaviour that blocks the first n requests until opened
 // (or until their context ends), so that a test controls how long a lock is
 // held.
@@ -52,7 +43,7 @@ func TestConflictWhileHeldByAnotherNode(t *testing.T) {
 	t.Parallel()
 	_, rdb := newRedis(t)
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, headerKeySite(rdb.Options().Addr, be.hostPort(), ""), siteOptions{})
+	s := startCaddySite(t, paySite(rdb.Options().Addr, be.hostPort()), siteOptions{})
 
 	holdLock(t, rdb, defaultKey("held-1"), 4500*time.Millisecond)
 	r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "held-1")
@@ -100,7 +91,7 @@ func TestConflictWhileRequestInFlight(t *testing.T) {
 		io.WriteString(w, "charged")
 	})
 	t.Cleanup(g.open)
-	s := startCaddySite(t, headerKeySite(rdb.Options().Addr, be.hostPort(), ""), siteOptions{})
+	s := startCaddySite(t, paySite(rdb.Options().Addr, be.hostPort()), siteOptions{})
 
 	first := make(chan *response, 1)
 	go func() {
@@ -147,7 +138,7 @@ func TestWaitForHeldLock(t *testing.T) {
 		io.WriteString(w, "ok")
 	})
 	t.Cleanup(g.open)
-	s := startCaddySite(t, headerKeySite(rdb.Options().Addr, be.hostPort(), "\t\twait 20s"), siteOptions{})
+	s := startCaddySite(t, paySite(rdb.Options().Addr, be.hostPort(), lockLines("wait 20s")), siteOptions{})
 
 	first := make(chan *response, 1)
 	go func() {
@@ -419,7 +410,7 @@ func TestLostLockCancelsUpstream(t *testing.T) {
 		w.Header().Set("X-Fence", strconv.FormatInt(f, 10))
 		io.WriteString(w, "done")
 	})
-	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), "\t\tttl 1s"), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s")), siteOptions{})
 
 	// A first request so that the pool has a connection to pause.
 	if r := s.do("POST", "/pay/fast", `{}`, "Idempotency-Key", "warm"); r.Status != 200 {
@@ -500,7 +491,7 @@ func TestRenewalKeepsLongRequestLocked(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	})
-	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), "\t\tttl 1s"), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s")), siteOptions{})
 
 	first := make(chan *response, 1)
 	go func() {
@@ -687,7 +678,7 @@ func TestImmediateRetryAfterResponse(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})
-	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), "\t\tttl 30s"), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 30s")), siteOptions{})
 	for _, path := range []string{"/pay/small", "/pay/big"} {
 		for i := range 40 {
 			r := s.do("POST", path, `{}`, "Idempotency-Key", "retry-"+path)
@@ -787,7 +778,7 @@ func TestMetricsAndReload(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
 	be := newRecorder(t, nil)
-	s := startCaddySite(t, headerKeySite(srv.Addr, be.hostPort(), ""), siteOptions{admin: true})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort()), siteOptions{admin: true})
 
 	counter := func(result string) float64 {
 		t.Helper()

@@ -103,6 +103,106 @@ http://127.0.0.1:%d {
 	return s
 }
 
+// paySite is the body of a test site with one locked route, /pay* keyed by
+// the Idempotency-Key header and proxied to backend, shaped by opts.
+func paySite(redisAddr, backend string, opts ...siteOption) string {
+	var c paySiteConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	var b strings.Builder
+	b.WriteString("\tredis_lock /pay* {http.request.header.Idempotency-Key} {\n")
+	fmt.Fprintf(&b, "\t\tredis %s%s\n", redisAddr, subBlock(c.redis, 2))
+	for _, l := range c.lock {
+		fmt.Fprintf(&b, "\t\t%s\n", l)
+	}
+	if c.idempotency != nil {
+		fmt.Fprintf(&b, "\t\tidempotency%s\n", subBlock(*c.idempotency, 2))
+	}
+	fmt.Fprintf(&b, "\t}\n\treverse_proxy %s", backend)
+	if len(c.transport) > 0 {
+		fmt.Fprintf(&b, " {\n\t\ttransport http%s\n\t}", subBlock(c.transport, 2))
+	}
+	return b.String()
+}
+
+// paySiteConfig is what the options of paySite set.
+type paySiteConfig struct {
+	redis       []string  // inside redis <addr> { ... }
+	lock        []string  // more redis_lock subdirectives
+	idempotency *[]string // idempotency mode, with these subdirectives
+	transport   []string  // inside reverse_proxy's transport http { ... }
+}
+
+type siteOption func(*paySiteConfig)
+
+// lockLines adds redis_lock subdirectives ("ttl 1s", "wait 20s"), one a line.
+func lockLines(lines ...string) siteOption {
+	return func(c *paySiteConfig) { c.lock = append(c.lock, lines...) }
+}
+
+// redisLines adds subdirectives of the redis block ("timeout 300ms").
+func redisLines(lines ...string) siteOption {
+	return func(c *paySiteConfig) { c.redis = append(c.redis, lines...) }
+}
+
+// idempotent turns on idempotency mode, with these subdirectives (none: the
+// bare idempotency directive).
+func idempotent(lines ...string) siteOption {
+	return func(c *paySiteConfig) {
+		if c.idempotency == nil {
+			c.idempotency = new([]string)
+		}
+		*c.idempotency = append(*c.idempotency, lines...)
+	}
+}
+
+// proxyTransport adds subdirectives of reverse_proxy's transport http.
+func proxyTransport(lines ...string) siteOption {
+	return func(c *paySiteConfig) { c.transport = append(c.transport, lines...) }
+}
+
+// redisTimeout is the redis timeout of the sites with faultTimeouts: a
+// client's answer may wait on Redis for at most twice that (one attempt and
+// one retry).
+const redisTimeout = 300 * time.Millisecond
+
+// slack is what the answer may take beyond its bound on a busy 2-core VM.
+const slack = 250 * time.Millisecond
+
+// faultTimeouts gives Redis a timeout and a dial_timeout of redisTimeout,
+// and proxies without keep-alive, so that idle upstream connections do not
+// count in a goroutine baseline.
+func faultTimeouts(c *paySiteConfig) {
+	redisLines("timeout "+redisTimeout.String(), "dial_timeout "+redisTimeout.String())(c)
+	proxyTransport("keepalive off")(c)
+}
+
+// storedAnswers is idempotency mode with a max_response of 4KiB and more
+// subdirectives, behind an upstream that must send its headers within 1s.
+func storedAnswers(lines ...string) siteOption {
+	return func(c *paySiteConfig) {
+		idempotent(append([]string{"max_response 4KiB"}, lines...)...)(c)
+		proxyTransport("response_header_timeout 1s")(c)
+	}
+}
+
+// subBlock is " {", lines and "}" for a subdirective at depth tabs, or ""
+// when there are no lines.
+func subBlock(lines []string, depth int) string {
+	if len(lines) == 0 {
+		return ""
+	}
+	in := strings.Repeat("\t", depth)
+	var b strings.Builder
+	b.WriteString(" {\n")
+	for _, l := range lines {
+		b.WriteString(in + "\t" + l + "\n")
+	}
+	b.WriteString(in + "}")
+	return b.String()
+}
+
 // loadCaddyfile adapts cf and loads it (again, when already running).
 func loadCaddyfile(t *testing.T, cf string) {
 	t.Helper()

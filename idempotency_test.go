@@ -72,23 +72,6 @@ func chargeBackend(t *testing.T) (*recorder, *atomic.Int64) {
 	return be, &charges
 }
 
-// idemSite is /pay* keyed by Idempotency-Key in idempotency mode.
-func idemSite(redisAddr, backend, extra, idem string) string {
-	return fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		redis %s
-%s
-		idempotency {
-			max_response 4KiB
-%s
-		}
-	}
-	reverse_proxy %s {
-		transport http {
-			response_header_timeout 1s
-		}
-	}`, redisAddr, extra, idem, backend)
-}
-
 // executions counts the backend requests that carried key.
 func executions(be *recorder, key string) int {
 	n := 0
@@ -104,7 +87,7 @@ func TestIdempotencyReplay(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 
 	first := s.do("POST", "/pay", `{"amount":1299}`, "Idempotency-Key", "order-1")
 	if first.Status != http.StatusCreated || first.Header.Get(replayedHeader) != "" {
@@ -147,7 +130,7 @@ func TestIdempotencyMismatch(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 
 	inFlight := make(chan *response, 1)
 	go func() {
@@ -180,7 +163,7 @@ func TestIdempotencyConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	const n = 20
 	var wg sync.WaitGroup
 	statuses := make([]int, n)
@@ -221,7 +204,7 @@ func TestIdempotencyStoredStatuses(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, code := range []int{200, 400, 402, 404, 500, 502} {
 		key := fmt.Sprintf("status-%d", code)
 		path := fmt.Sprintf("/pay/status/%d", code)
@@ -256,7 +239,7 @@ func TestIdempotencyBackendNeverReached(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
 	dead := mustFreePort(t)
-	s := startCaddySite(t, idemSite(srv.Addr, fmt.Sprintf("127.0.0.1:%d", dead), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, fmt.Sprintf("127.0.0.1:%d", dead), storedAnswers()), siteOptions{})
 	for i := range 2 {
 		r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "refused")
 		if r.Status != http.StatusBadGateway || r.Header.Get(replayedHeader) != "" {
@@ -275,7 +258,7 @@ func TestIdempotencyOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, path := range []string{"/pay/hang", "/pay/reset"} {
 		key := "unknown" + strings.ReplaceAll(path, "/", "-")
 		first := s.do("POST", path, `{}`, "Idempotency-Key", key)
@@ -310,7 +293,7 @@ func TestIdempotencyNotReplayable(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, req := range []struct{ method, path string }{{"POST", "/pay/big"}, {"POST", "/pay/sse"}, {"POST", "/pay/br"}, {"HEAD", "/pay"}} {
 		key := "nr-" + req.method + req.path
 		first := s.do(req.method, req.path, "", "Idempotency-Key", key)
@@ -343,7 +326,7 @@ func TestIdempotencyOutlivesClient(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	if _, err := s.send(ctx, "POST", "/pay/slow", `{}`, "Idempotency-Key", "impatient"); err == nil {
@@ -368,7 +351,7 @@ func TestIdempotencyScope(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "\t\tscope {http.request.header.X-Tenant}", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("scope {http.request.header.X-Tenant}"), storedAnswers()), siteOptions{})
 	a := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "a")
 	b := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "b")
 	if a.Header.Get(replayedHeader) != "" || b.Header.Get(replayedHeader) != "" || a.Body == b.Body {
@@ -384,7 +367,7 @@ func TestIdempotencyRetentionExpiry(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", "\t\t\tretention 1s"), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers("retention 1s")), siteOptions{})
 	first := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short")
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short"); r.Header.Get(replayedHeader) != "true" {
 		t.Fatalf("retry within retention: %s", r)
@@ -402,7 +385,7 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, key := range []string{strings.Repeat("k", 256), `"unterminated`, `"a"b"`, `""`, "caf\u00e9", `"\x"`} {
 		p := expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", key), http.StatusBadRequest)
 		if !strings.HasSuffix(p.Type, "#invalid-idempotency-key") {
@@ -495,7 +478,7 @@ func TestIdempotencyFencing(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, idemSite(srv.Addr, be.hostPort(), "", ""), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	s.do("POST", "/pay", `{}`, "Idempotency-Key", "f1", "Fencing-Token", "1")
 	s.do("POST", "/pay", `{}`, "Idempotency-Key", "f1")
 	reqs := be.requests()
@@ -517,14 +500,7 @@ func TestIdempotencyLostLock(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		ttl 1s
-		redis %s {
-			timeout 300ms
-		}
-		idempotency
-	}
-	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), redisLines("timeout 300ms"), idempotent()), siteOptions{})
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != http.StatusCreated {
 		t.Fatalf("warm-up: %s", r)
 	}
@@ -584,12 +560,7 @@ func TestIdempotencyClientGoneBackendHangs(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
 	be, _ := chargeBackend(t)
-	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		ttl 1s
-		redis %s
-		idempotency
-	}
-	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{})
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), idempotent()), siteOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	left := time.Now()

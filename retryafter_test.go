@@ -53,7 +53,7 @@ func TestRetryAfterHonouredGetsReplaySoon(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":"ch_` + s.Key + `"}`))
 	})
-	s := startCaddySite(t, idemSite(rdb.Options().Addr, be.hostPort(), "\t\tttl 10s", ""), siteOptions{})
+	s := startCaddySite(t, paySite(rdb.Options().Addr, be.hostPort(), lockLines("ttl 10s"), storedAnswers()), siteOptions{})
 	// The route's earlier charges are what the estimate learns from.
 	for _, k := range []string{"past-1", "past-2"} {
 		if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", k); r.Status != http.StatusCreated {
