@@ -66,6 +66,9 @@ func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
 // and a second for their answers to be stored.
 func (w windows) emptyEnd(f faultEvent) time.Time { return f.Return.Add(w.ttl + time.Second) }
 
+// whyTryInterval is the excuse of a re-run just after Redis came back.
+const whyTryInterval = "re-runs within a try's interval of Redis's return"
+
 // rerunExcused says whether an execution starting at start, after an
 // answer delivered at delivered, falls in a documented window.
 func (w windows) rerunExcused(delivered, start time.Time) string {
@@ -80,7 +83,7 @@ func (w windows) rerunExcused(delivered, start time.Time) string {
 	for _, f := range w.outages {
 		if !delivered.Before(f.Start) && !delivered.After(f.Return) &&
 			!start.Before(f.Return) && start.Before(f.Return.Add(w.tryInterval)) {
-			return "re-runs within a try's interval of Redis's return"
+			return whyTryInterval
 		}
 	}
 	return ""
@@ -161,11 +164,18 @@ type runRecord struct {
 // its answer: a lease, and a few seconds for Redis timeouts and the backend.
 func attemptBound(ttl time.Duration) time.Duration { return ttl + 3*time.Second }
 
-// check runs every check on rec. It returns the violations, and how many
-// times a documented window excused what would have been one.
-func check(rec runRecord) ([]violation, map[string]int) {
+// excusals are what the documented windows excused: counts by window, and
+// each re-run excused by Redis's return, so that a reader can judge it.
+type excusals struct {
+	Counts  map[string]int
+	Details []string
+}
+
+// check runs every check on rec. It returns the violations, and what a
+// documented window excused that would have been one.
+func check(rec runRecord) ([]violation, excusals) {
 	var vs []violation
-	excused := map[string]int{}
+	excused := excusals{Counts: map[string]int{}}
 	add := func(check, key, format string, args ...any) {
 		vs = append(vs, violation{Check: check, Key: key, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -262,7 +272,7 @@ func check(rec runRecord) ([]violation, map[string]int) {
 			for i := range j {
 				a := ex[i]
 				if b.Start.Before(a.End) && w.overlapExcused(a, b) {
-					excused["overlaps across an empty restart"]++
+					excused.Counts["overlaps across an empty restart"]++
 				} else if b.Start.Before(a.End) {
 					add(checkOverlap, k, "%s (node %d, %s..%s, fence %d) overlaps %s (node %d, %s..%s, fence %d)",
 						b.ID, b.Node, at(b.Start), at(b.End), b.Fence, a.ID, a.Node, at(a.Start), at(a.End), a.Fence)
@@ -297,7 +307,15 @@ func check(rec runRecord) ([]violation, map[string]int) {
 				break
 			}
 			if why != "" {
-				excused[why]++
+				excused.Counts[why]++
+				if why == whyTryInterval {
+					for _, f := range w.outages {
+						if !b.Start.Before(f.Return) && b.Start.Before(f.Return.Add(w.tryInterval)) {
+							excused.Details = append(excused.Details, fmt.Sprintf("%s of key %s (node %d) began %v after Redis's return from %s at %s",
+								b.ID, k, b.Node, b.Start.Sub(f.Return).Round(time.Millisecond), f.Kind, at(f.Return)))
+						}
+					}
+				}
 			}
 		}
 	}

@@ -65,7 +65,7 @@ type outcome struct {
 	Scenario   scenario
 	Record     runRecord
 	Violations []violation
-	Excused    map[string]int // what the documented windows excused
+	Excused    excusals // what the documented windows excused
 	Dir        string
 	Took       time.Duration
 }
@@ -269,7 +269,7 @@ func writeSummary(w io.Writer, o *outcome) {
 	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters\n",
 		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters)
 	var ex []string
-	for why, n := range o.Excused {
+	for why, n := range o.Excused.Counts {
 		ex = append(ex, fmt.Sprintf("%d %s", n, why))
 	}
 	sort.Strings(ex)
@@ -277,6 +277,9 @@ func writeSummary(w io.Writer, o *outcome) {
 		ex = []string{"nothing"}
 	}
 	fmt.Fprintf(w, "  windows:    excused %s\n", strings.Join(ex, ", "))
+	for _, d := range o.Excused.Details {
+		fmt.Fprintf(w, "    %s\n", d)
+	}
 	byCheck := map[string]int{}
 	for _, v := range o.Violations {
 		byCheck[v.Check]++
