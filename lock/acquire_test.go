@@ -396,7 +396,7 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 func TestAcquireScriptFileRetry(t *testing.T) {
 	_, rdb := startRedis(t)
 	ctx := ctxT(t)
-	src := readScript(t, "take.lua") + readScript(t, "acquire.lua")
+	src := readScript(t, "../internal/redisscript/take.lua") + readScript(t, "acquire.lua")
 	key := testKey(t)
 	keys := []string{key, CounterKey(key)}
 	// run returns the fencing token (a string reply) or the PTTL (an

@@ -1,10 +1,11 @@
 package lock
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 )
 
 // Errors callers tell apart with errors.Is. A cancelled or expired caller
@@ -15,7 +16,7 @@ var (
 	// ErrNotHeld: the lock is no longer ours (expired, or taken by another).
 	ErrNotHeld = errors.New("redislock: lock not held")
 	// ErrUnavailable: Redis could not be reached or did not answer in time.
-	ErrUnavailable = errors.New("redislock: redis unavailable")
+	ErrUnavailable = redisscript.ErrUnavailable
 	// ErrLeaseExpired: the local lease deadline passed without a successful
 	// refresh. It is the cause of a lost lock's context and matches ErrNotHeld.
 	ErrLeaseExpired = fmt.Errorf("%w: local lease deadline passed", ErrNotHeld)
@@ -36,21 +37,3 @@ func (e *NotObtainedError) Error() string {
 
 // Is makes errors.Is(err, ErrNotObtained) true.
 func (e *NotObtainedError) Is(target error) bool { return target == ErrNotObtained }
-
-// Classify turns a Redis call error into the package's errors: the caller's
-// own cancellation stays a context error, anything else is ErrUnavailable.
-// For Backends of other packages that run their own commands.
-func Classify(ctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// An internal deadline (release timeout, lease deadline), not the
-		// caller's: do not let it match the caller's context errors.
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	return fmt.Errorf("%w: %w", ErrUnavailable, err)
-}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -39,14 +40,14 @@ func TestErrorsAreDistinct(t *testing.T) {
 	// Classify keeps the caller's context error, wraps anything else.
 	cctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := Classify(cctx, errors.New("x")); !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
+	if err := redisscript.Classify(cctx, errors.New("x")); !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
 		t.Errorf("Classify(cancelled) = %v", err)
 	}
-	if err := Classify(context.Background(), errors.New("x")); !errors.Is(err, ErrUnavailable) {
+	if err := redisscript.Classify(context.Background(), errors.New("x")); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Classify = %v", err)
 	}
 	// An internal deadline (not the caller's) is unavailability only.
-	if err := Classify(context.Background(), context.DeadlineExceeded); !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+	if err := redisscript.Classify(context.Background(), context.DeadlineExceeded); !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Classify(internal deadline) = %v", err)
 	}
 }

@@ -40,7 +40,7 @@ func TestCallTimeoutBoundsQueuedCalls(t *testing.T) {
 	srv, _ := startRedis(t)
 	const callTimeout = 600 * time.Millisecond
 	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: callTimeout})
-	if c.Backend().(*Redis).async == nil {
+	if !c.Backend().(*Redis).conn.Deferred() {
 		t.Fatal("the deferred autopipeliner was not recognised")
 	}
 	held := mustAcquire(t, c, testKey(t)+"-held", Options{TTL: time.Minute, Renew: NoRenew})
@@ -147,7 +147,7 @@ func (f *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // refreshArgs reports whether an EVALSHA/EVAL runs refresh.lua.
 func refreshArgs(cmd redis.Cmder) bool {
 	args := cmd.Args()
-	return len(args) > 1 && (args[1] == refreshScript.sha || args[1] == refreshScript.src)
+	return len(args) > 1 && (args[1] == refreshScript.SHA || args[1] == refreshScript.Src)
 }
 
 // One failed keep-alive refresh does not end the lock: the next renewal

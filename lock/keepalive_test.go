@@ -61,10 +61,10 @@ func TestKeepAliveDetectsLostLock(t *testing.T) {
 		steal func(ctx context.Context, c *Client, key string) error
 	}{
 		{"DEL", func(ctx context.Context, c *Client, key string) error {
-			return c.Backend().(*Redis).rdb.Del(ctx, key).Err()
+			return c.Backend().(*Redis).conn.Client().Del(ctx, key).Err()
 		}},
 		{"overwrite", func(ctx context.Context, c *Client, key string) error {
-			_, err := c.Backend().(*Redis).rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			_, err := c.Backend().(*Redis).conn.Client().TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Del(ctx, key)
 				p.HSet(ctx, key, "thief", "1")
 				return nil

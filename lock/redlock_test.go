@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -249,7 +250,7 @@ func (m lateMaster) TryAcquire(ctx context.Context, key, token string, ttl time.
 	<-ctx.Done()
 	_, err := m.Redis.TryAcquire(context.WithoutCancel(ctx), key, token, ttl)
 	m.granted <- err
-	return 0, Classify(ctx, ctx.Err())
+	return 0, redisscript.Classify(ctx, ctx.Err())
 }
 
 // What a master granted after the attempt's deadline is given back all the

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -26,21 +27,21 @@ func readScript(t testing.TB, name string) string {
 func TestScriptsAreTheEmbeddedFiles(t *testing.T) {
 	for _, tc := range []struct {
 		files  []string
-		script Script
+		script redisscript.Script
 	}{
-		{[]string{"take.lua", "acquire.lua"}, acquireScript},
+		{[]string{"../internal/redisscript/take.lua", "acquire.lua"}, acquireScript},
 		{[]string{"refresh.lua"}, refreshScript},
 	} {
 		var file string
 		for _, f := range tc.files {
 			file += readScript(t, f)
 		}
-		if file == "" || tc.script.src != file {
+		if file == "" || tc.script.Src != file {
 			t.Errorf("%v: embedded source differs from the files", tc.files)
 		}
 		sum := sha1.Sum([]byte(file))
-		if tc.script.sha != hex.EncodeToString(sum[:]) {
-			t.Errorf("%v: script hash %s is not the source's SHA1", tc.files, tc.script.sha)
+		if tc.script.SHA != hex.EncodeToString(sum[:]) {
+			t.Errorf("%v: script hash %s is not the source's SHA1", tc.files, tc.script.SHA)
 		}
 	}
 	// Refresh is PEXPIRE on a string key, never HEXPIRE (hash fields).
@@ -76,7 +77,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 	}
 
 	// Open the connection first: its handshake commands are not the subject.
-	if err := c.Backend().(*Redis).rdb.Ping(ctx).Err(); err != nil {
+	if err := c.Backend().(*Redis).conn.Client().Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	flush()

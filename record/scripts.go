@@ -1,8 +1,11 @@
 package record
 
 import (
+	"context"
 	_ "embed"
+	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
@@ -11,9 +14,24 @@ import (
 var (
 	//go:embed begin.lua
 	beginSrc    string
-	beginScript = lock.NewScript(lock.TakeLua + beginSrc)
+	beginScript = redisscript.New(redisscript.TakeLua + beginSrc)
 
 	//go:embed complete.lua
 	completeSrc    string
-	completeScript = lock.NewScript(completeSrc)
+	completeScript = redisscript.New(completeSrc)
 )
+
+// notObtained is the error of a lock another request holds for remaining.
+func notObtained(remaining time.Duration) error {
+	return &lock.NotObtainedError{Remaining: remaining}
+}
+
+// releaseFields deletes token and fields of the lock key on node (one
+// HDEL), or returns lock.ErrNotHeld when the lock is not token's.
+func releaseFields(ctx context.Context, node *lock.Redis, key, token string, fields ...string) error {
+	released, err := redisscript.ConnOf(node).ReleaseFields(ctx, key, token, fields...)
+	if err == nil && !released {
+		return lock.ErrNotHeld
+	}
+	return err
+}

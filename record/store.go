@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/caddy-redis-lock/internal/quorum"
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
@@ -171,7 +172,7 @@ func (s *Store) mayBeLost(lk *lock.Lock) bool {
 func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []byte, retention time.Duration, lost bool) (bool, error) {
 	n := s.nodes[i]
 	if lost {
-		cmd, err := n.Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
+		cmd, err := redisscript.ConnOf(n).Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
 		if err != nil {
 			return false, &lock.NodeError{Node: s.names[i], Err: err}
 		}
@@ -180,7 +181,7 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 	}
 	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
 	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
-	if err := n.ProcessAll(ctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
+	if err := redisscript.ConnOf(n).ProcessAll(ctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
 		return false, &lock.NodeError{Node: s.names[i], Err: err}
 	}
 	old, err := set.Result()
@@ -204,10 +205,10 @@ type begin struct {
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	cmd, err := b.node.Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)},
+	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)},
 		token, ttl.Milliseconds(), b.fingerprint)
 	if err != nil {
-		return 0, lock.Classify(ctx, err)
+		return 0, redisscript.Classify(ctx, err)
 	}
 	if v, ok := cmd.Val().(string); ok && v != "" {
 		switch v[0] {
@@ -221,7 +222,7 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 			return 0, &CompletedError{Response: resp}
 		}
 	}
-	return lock.ParseGrant(ctx, cmd.Val())
+	return redisscript.ParseGrant(ctx, cmd.Val(), notObtained)
 }
 
 // Refresh is the lock's: the fingerprint lives in the lock.
@@ -232,7 +233,7 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 // Release gives the request up (Abandon): HDEL of the token and its
 // fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
-	return b.node.ReleaseFields(ctx, key, token, fingerprintField(token))
+	return releaseFields(ctx, b.node, key, token, fingerprintField(token))
 }
 
 // RaiseFence lets a Redlock write its winning token back to this master.

@@ -1,0 +1,190 @@
+// Package redisscript is the plumbing that package lock and package record
+// share to run their commands and Lua scripts on one Redis deployment: the
+// scripts' shared Lua (TakeLua), EVALSHA with its EVAL fallback, pipelines
+// through go-redis's deferred autopipeliner, and the reading of a lock
+// script's reply. It is no part of either package's API.
+package redisscript
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TakeLua is the Lua that takes a lock and issues its fencing token, for the
+// scripts that take one in the same round trip as their own work (lock's
+// acquire.lua, record's begin.lua): prefix their source with it and call
+// take(lock_key, token, lease_ms, counter_key), which returns the fencing
+// token or an error reply.
+//
+//go:embed take.lua
+var TakeLua string
+
+// Script is a Lua script and its SHA1, the name EVALSHA knows it by.
+type Script struct{ Src, SHA string }
+
+// New returns the Script of src.
+func New(src string) Script {
+	return Script{Src: src, SHA: redis.NewScript(src).Hash()}
+}
+
+// ErrUnavailable is package lock's ErrUnavailable (lock re-exports it):
+// Redis could not be reached or did not answer in time. It is defined here
+// so that Classify, which both packages use, can wrap it.
+var ErrUnavailable = errors.New("redislock: redis unavailable")
+
+// Classify turns a Redis call error into the lock's errors: the caller's
+// own cancellation stays a context error, anything else is ErrUnavailable.
+func Classify(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// An internal deadline (release timeout, lease deadline), not the
+		// caller's: do not let it match the caller's context errors.
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// ParseGrant reads the reply of a script that takes a lock as acquire.lua
+// does: the fencing token as a decimal string when the lock is ours, the
+// holder's PTTL as an integer when it is not, which it returns as
+// notObtained's error (package lock's *NotObtainedError).
+func ParseGrant(ctx context.Context, reply any, notObtained func(remaining time.Duration) error) (int64, error) {
+	switch v := reply.(type) {
+	case string:
+		if fence, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return fence, nil
+		}
+	case int64: // negative: no TTL, or just gone
+		return 0, notObtained(max(time.Duration(v), 0) * time.Millisecond)
+	}
+	return 0, Classify(ctx, fmt.Errorf("unexpected reply from a lock script: %T %v", reply, reply))
+}
+
+// Conn runs commands and scripts on one Redis deployment, through any
+// go-redis client.
+type Conn struct {
+	rdb   redis.UniversalClient
+	async submitter // rdb as a deferred autopipeliner, else nil
+}
+
+// NewConn returns the Conn of rdb. A deferred autopipeliner
+// (AsyncAutoPipeline) shares round trips between concurrent callers, and
+// each call still gives up waiting at its deadline.
+func NewConn(rdb redis.UniversalClient) *Conn {
+	c := &Conn{rdb: rdb}
+	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
+		c.async = s
+	}
+	return c
+}
+
+// ConnOf returns the Conn of b when b is package lock's Redis backend, else
+// nil. Package lock sets it when it is initialised (it imports this package,
+// which so cannot name its types), for package record, whose scripts run on
+// the Conn of the lock's backend.
+var ConnOf func(b any) *Conn
+
+// Client is the go-redis client of c.
+func (c *Conn) Client() redis.UniversalClient { return c.rdb }
+
+// Deferred reports whether c sends through a deferred autopipeliner.
+func (c *Conn) Deferred() bool { return c.async != nil }
+
+// submitter is go-redis's deferred autopipeliner (AsyncAutoPipeline). A
+// command queued there is sent when its batch's turn comes whatever its
+// context says, so a call waits on its future and gives up at its own
+// deadline; the blocking face would wait for the batch however long it
+// takes.
+type submitter interface {
+	Submit(ctx context.Context, cmd redis.Cmder) redis.AutoFuture
+	IsBlocking() bool
+}
+
+// Process runs cmd and waits for its reply at most until ctx ends. After a
+// context error cmd must not be read: its batch may still complete it.
+func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
+	if c.async != nil {
+		return c.async.Submit(ctx, cmd).WaitContext(ctx)
+	}
+	return c.rdb.Process(ctx, cmd)
+}
+
+// ProcessAll runs cmds in order and waits for all of them, at most until
+// ctx ends. Through a deferred autopipeliner they are queued one after the
+// other on its ordered stream, where they share batches (a round trip each
+// batch) with other callers' commands, as the lock's own commands do; on
+// another client they are one pipeline. The error is the first command's
+// that failed.
+func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
+	if c.async == nil {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, cmd := range cmds {
+				_ = p.Process(ctx, cmd)
+			}
+			return nil
+		})
+		return err
+	}
+	futures := make([]redis.AutoFuture, len(cmds))
+	for i, cmd := range cmds {
+		futures[i] = c.async.Submit(ctx, cmd)
+	}
+	var first error
+	for _, f := range futures {
+		if err := f.WaitContext(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Run runs s with EVALSHA, and once more with EVAL when Redis does not have
+// it cached (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH). Errors
+// are go-redis's, not classified.
+func (c *Conn) Run(ctx context.Context, s Script, keys []string, args ...any) (*redis.Cmd, error) {
+	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.SHA, keys, args)...)
+	err := c.Process(ctx, cmd)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = redis.NewCmd(ctx, evalArgs("eval", s.Src, keys, args)...)
+		err = c.Process(ctx, cmd)
+	}
+	return cmd, err
+}
+
+func evalArgs(verb, script string, keys []string, args []any) []any {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, verb, script, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	return append(a, args...)
+}
+
+// ReleaseFields deletes token's field of the lock key, and fields the
+// holder kept in the lock beside it, in one HDEL: it deletes only the
+// holder's own fields, and Redis deletes the key with its last field. It
+// reports whether anything was deleted (false: the lock is not the
+// holder's); its error is Classify's.
+func (c *Conn) ReleaseFields(ctx context.Context, key, token string, fields ...string) (bool, error) {
+	args := make([]any, 0, 3+len(fields))
+	args = append(args, "hdel", key, token)
+	for _, f := range fields {
+		args = append(args, f)
+	}
+	cmd := redis.NewIntCmd(ctx, args...)
+	if err := c.Process(ctx, cmd); err != nil {
+		return false, Classify(ctx, err)
+	}
+	return cmd.Val() != 0, nil
+}
