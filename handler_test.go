@@ -51,8 +51,8 @@ func TestConflictWhileHeldByAnotherNode(t *testing.T) {
 	if n := retryAfter(t, r); n > 5 {
 		t.Errorf("Retry-After = %d, want the remaining lease (<= 5s)", n)
 	}
-	if be.count() != 0 {
-		t.Fatalf("backend called %d times while the lock was held", be.count())
+	if be.executions() != 0 {
+		t.Fatalf("backend called %d times while the lock was held", be.executions())
 	}
 
 	// A lease with less than a second left still says at least 1.
@@ -113,8 +113,8 @@ func TestConflictWhileRequestInFlight(t *testing.T) {
 	if r := <-first; r == nil || r.Status != 200 || r.Body != "charged" {
 		t.Fatalf("first request: %v", r)
 	}
-	if be.count() != 1 {
-		t.Fatalf("backend executions = %d, want 1", be.count())
+	if be.executions() != 1 {
+		t.Fatalf("backend executions = %d, want 1", be.executions())
 	}
 }
 
@@ -158,8 +158,8 @@ func TestWaitForHeldLock(t *testing.T) {
 		t.Fatalf("duplicate answered while the lock was held: %v", r)
 	case <-time.After(700 * time.Millisecond):
 	}
-	if be.count() != 1 {
-		t.Fatalf("backend executions while held = %d, want 1", be.count())
+	if be.executions() != 1 {
+		t.Fatalf("backend executions while held = %d, want 1", be.executions())
 	}
 	g.open()
 	r1, r2 := <-first, <-second
@@ -208,8 +208,8 @@ func TestMissingKey(t *testing.T) {
 			expectProblem(t, s.do("POST", "/orders", body), http.StatusBadRequest)
 		})
 	}
-	if be.count() != 0 {
-		t.Fatalf("backend called %d times for requests without a key", be.count())
+	if be.executions() != 0 {
+		t.Fatalf("backend called %d times for requests without a key", be.executions())
 	}
 	// The empty key must never become the shared lock "order:".
 	if n := rdb.DBSize(context.Background()).Val(); n != 0 {
@@ -270,8 +270,8 @@ func TestJSONKey(t *testing.T) {
 		big := `{"order_id":"big","pad":"` + strings.Repeat("x", 2048) + `"}`
 		expectProblem(t, s.do("POST", "/orders", big), http.StatusRequestEntityTooLarge)
 	})
-	if be.count() != 0 {
-		t.Fatalf("backend called %d times for rejected bodies", be.count())
+	if be.executions() != 0 {
+		t.Fatalf("backend called %d times for rejected bodies", be.executions())
 	}
 	t.Run("body reaches the backend intact", func(t *testing.T) {
 		body := "{\n  \"pad\": \"" + strings.Repeat("é€", 100) + "\",\n  \"order_id\" : \"ord-1\" , \"amount\": 12.50 }\n"
@@ -348,7 +348,7 @@ func TestRedisUnavailable(t *testing.T) {
 		if got := r.Header.Get("Retry-After"); got != "1" {
 			t.Errorf("Retry-After = %q, want 1", got)
 		}
-		if be.count() != 0 {
+		if be.executions() != 0 {
 			t.Fatal("fail_closed passed the request on")
 		}
 	})
@@ -515,8 +515,8 @@ func TestRenewalKeepsLongRequestLocked(t *testing.T) {
 	if r == nil || r.Status != 200 || r.Body != "slow ok" {
 		t.Fatalf("the long request: %v", r)
 	}
-	if be.count() != 1 {
-		t.Fatalf("backend executions = %d, want 1", be.count())
+	if be.executions() != 1 {
+		t.Fatalf("backend executions = %d, want 1", be.executions())
 	}
 }
 
@@ -857,8 +857,8 @@ func TestHandleErrorsMode(t *testing.T) {
 	if r.Status != http.StatusBadRequest || r.Body != "site error page 400" {
 		t.Fatalf("400 through handle_errors: %s", r)
 	}
-	if be.count() != 0 {
-		t.Fatalf("backend called %d times", be.count())
+	if be.executions() != 0 {
+		t.Fatalf("backend called %d times", be.executions())
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -484,10 +485,21 @@ func (rec *recorder) requests() []seen {
 	return append([]seen(nil), rec.reqs...)
 }
 
-func (rec *recorder) count() int {
+// executions counts the requests that reached the backend carrying one of
+// keys (Idempotency-Key, or X-Test-Key), or all of them without keys.
+func (rec *recorder) executions(keys ...string) int {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	return len(rec.reqs)
+	if len(keys) == 0 {
+		return len(rec.reqs)
+	}
+	n := 0
+	for _, s := range rec.reqs {
+		if slices.Contains(keys, s.Key) {
+			n++
+		}
+	}
+	return n
 }
 
 // waitEntered waits for the next request to reach the backend.

@@ -24,7 +24,7 @@ import (
 
 // chargeBackend answers by path, and numbers its charges so that a replay
 // (the same number) tells itself from a second execution.
-func chargeBackend(t *testing.T) (*recorder, *atomic.Int64) {
+func chargeBackend(t *testing.T) *recorder {
 	t.Helper()
 	var charges atomic.Int64
 	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
@@ -69,24 +69,13 @@ func chargeBackend(t *testing.T) (*recorder, *atomic.Int64) {
 			fmt.Fprintf(w, `{"charge":%d,"fencing":%q}`, n, strings.Join(s.Fencing, ","))
 		}
 	})
-	return be, &charges
-}
-
-// executions counts the backend requests that carried key.
-func executions(be *recorder, key string) int {
-	n := 0
-	for _, s := range be.requests() {
-		if s.Key == key {
-			n++
-		}
-	}
-	return n
+	return be
 }
 
 func TestIdempotencyReplay(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 
 	first := s.do("POST", "/pay", `{"amount":1299}`, "Idempotency-Key", "order-1")
@@ -113,7 +102,7 @@ func TestIdempotencyReplay(t *testing.T) {
 			}
 		}
 	}
-	if n := executions(be, "order-1"); n != 1 {
+	if n := be.executions("order-1"); n != 1 {
 		t.Fatalf("backend ran order-1 %d times, want once", n)
 	}
 	// The bare key and its RFC 8941 sf-string are one key.
@@ -129,7 +118,7 @@ func TestIdempotencyReplay(t *testing.T) {
 func TestIdempotencyMismatch(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 
 	inFlight := make(chan *response, 1)
@@ -152,7 +141,7 @@ func TestIdempotencyMismatch(t *testing.T) {
 	// Completed: still 422 for another request with the key.
 	expectProblem(t, s.do("PUT", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
 	expectProblem(t, s.do("POST", "/pay/slow?x=1", `{"amount":1}`, "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
-	if n := executions(be, "k"); n != 1 {
+	if n := be.executions("k"); n != 1 {
 		t.Fatalf("backend ran k %d times, want once", n)
 	}
 }
@@ -162,7 +151,7 @@ func TestIdempotencyMismatch(t *testing.T) {
 func TestIdempotencyConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	const n = 20
 	var wg sync.WaitGroup
@@ -193,7 +182,7 @@ func TestIdempotencyConcurrentDuplicates(t *testing.T) {
 	if r.Status != 200 || r.Header.Get(replayedHeader) != "true" {
 		t.Fatalf("retry after completion: %s", r)
 	}
-	if e := executions(be, "dup"); e != 1 || be.overlaps != 0 {
+	if e := be.executions("dup"); e != 1 || be.overlaps != 0 {
 		t.Fatalf("backend executions %d, overlaps %d", e, be.overlaps)
 	}
 }
@@ -203,7 +192,7 @@ func TestIdempotencyConcurrentDuplicates(t *testing.T) {
 func TestIdempotencyStoredStatuses(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, code := range []int{200, 400, 402, 404, 500, 502} {
 		key := fmt.Sprintf("status-%d", code)
@@ -213,7 +202,7 @@ func TestIdempotencyStoredStatuses(t *testing.T) {
 		if first.Status != code || again.Status != code || again.Body != first.Body || again.Header.Get(replayedHeader) != "true" {
 			t.Errorf("%d: first %s, retry %s; want the first replayed", code, first, again)
 		}
-		if n := executions(be, key); n != 1 {
+		if n := be.executions(key); n != 1 {
 			t.Errorf("%d: backend ran %d times, want once", code, n)
 		}
 	}
@@ -225,7 +214,7 @@ func TestIdempotencyStoredStatuses(t *testing.T) {
 		if first.Status != code || again.Header.Get(replayedHeader) != "" || again.Body == first.Body {
 			t.Errorf("%d: first %s, retry %s; want the retry run again", code, first, again)
 		}
-		if n := executions(be, key); n != 2 {
+		if n := be.executions(key); n != 2 {
 			t.Errorf("%d: backend ran %d times, want twice", code, n)
 		}
 		if keyExists(t, rdb, record.Key(defaultKey(key))) {
@@ -257,7 +246,7 @@ func TestIdempotencyBackendNeverReached(t *testing.T) {
 func TestIdempotencyOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, path := range []string{"/pay/hang", "/pay/reset"} {
 		key := "unknown" + strings.ReplaceAll(path, "/", "-")
@@ -271,7 +260,7 @@ func TestIdempotencyOutcomeUnknown(t *testing.T) {
 		if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body {
 			t.Fatalf("%s retry: %s, want the stored problem", path, again)
 		}
-		if n := executions(be, key); n != 1 {
+		if n := be.executions(key); n != 1 {
 			t.Fatalf("%s: backend ran %d times, want once", path, n)
 		}
 		// An operator who has checked the outcome clears the record, and
@@ -280,7 +269,7 @@ func TestIdempotencyOutcomeUnknown(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.do("POST", path, `{}`, "Idempotency-Key", key)
-		if n := executions(be, key); n != 2 {
+		if n := be.executions(key); n != 2 {
 			t.Fatalf("%s after DEL of the record: backend ran %d times, want twice", path, n)
 		}
 	}
@@ -292,7 +281,7 @@ func TestIdempotencyOutcomeUnknown(t *testing.T) {
 func TestIdempotencyNotReplayable(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, req := range []struct{ method, path string }{{"POST", "/pay/big"}, {"POST", "/pay/sse"}, {"POST", "/pay/br"}, {"HEAD", "/pay"}} {
 		key := "nr-" + req.method + req.path
@@ -314,7 +303,7 @@ func TestIdempotencyNotReplayable(t *testing.T) {
 				t.Fatalf("%s retry: %s", req.path, again)
 			}
 		}
-		if n := executions(be, key); n != 1 {
+		if n := be.executions(key); n != 1 {
 			t.Fatalf("%s %s: backend ran %d times, want once", req.method, req.path, n)
 		}
 	}
@@ -325,7 +314,7 @@ func TestIdempotencyNotReplayable(t *testing.T) {
 func TestIdempotencyOutlivesClient(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -341,7 +330,7 @@ func TestIdempotencyOutlivesClient(t *testing.T) {
 	if r.Header.Get(replayedHeader) != "true" || !strings.Contains(r.Body, `"charge":`) {
 		t.Fatalf("retry after the client left: %s", r)
 	}
-	if n := executions(be, "impatient"); n != 1 {
+	if n := be.executions("impatient"); n != 1 {
 		t.Fatalf("backend ran %d times, want once", n)
 	}
 }
@@ -350,7 +339,7 @@ func TestIdempotencyOutlivesClient(t *testing.T) {
 func TestIdempotencyScope(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("scope {http.request.header.X-Tenant}"), storedAnswers()), siteOptions{})
 	a := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "a")
 	b := s.do("POST", "/pay", `{}`, "Idempotency-Key", "same", "X-Tenant", "b")
@@ -366,7 +355,7 @@ func TestIdempotencyScope(t *testing.T) {
 func TestIdempotencyRetentionExpiry(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers("retention 1s")), siteOptions{})
 	first := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short")
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "short"); r.Header.Get(replayedHeader) != "true" {
@@ -384,7 +373,7 @@ func TestIdempotencyRetentionExpiry(t *testing.T) {
 func TestIdempotencyKeyValidation(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	for _, key := range []string{strings.Repeat("k", 256), `"unterminated`, `"a"b"`, `""`, "caf\u00e9", `"\x"`} {
 		p := expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", key), http.StatusBadRequest)
@@ -397,8 +386,8 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 			t.Errorf("%q: %s", key, r)
 		}
 	}
-	if be.count() != 3 {
-		t.Fatalf("backend reached %d times, want 3", be.count())
+	if be.executions() != 3 {
+		t.Fatalf("backend reached %d times, want 3", be.executions())
 	}
 }
 
@@ -407,7 +396,7 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 func TestIdempotencyReplayEncoding(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	lockBlock := fmt.Sprintf(`redis_lock /pay* {http.request.header.Idempotency-Key} {
 			redis %s
 			idempotency
@@ -465,7 +454,7 @@ func TestIdempotencyReplayEncoding(t *testing.T) {
 					t.Errorf("%s replay (gzip %v): %d bytes differ from the first answer's %d", key, gz, len(got), len(want))
 				}
 			}
-			if n := executions(be, key); n != 1 {
+			if n := be.executions(key); n != 1 {
 				t.Fatalf("%s: backend ran %d times", key, n)
 			}
 		}
@@ -477,7 +466,7 @@ func TestIdempotencyReplayEncoding(t *testing.T) {
 func TestIdempotencyFencing(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
 	s.do("POST", "/pay", `{}`, "Idempotency-Key", "f1", "Fencing-Token", "1")
 	s.do("POST", "/pay", `{}`, "Idempotency-Key", "f1")
@@ -499,7 +488,7 @@ func TestIdempotencyFencing(t *testing.T) {
 func TestIdempotencyLostLock(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), redisLines("timeout 300ms"), idempotent()), siteOptions{})
 	if r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "warm"); r.Status != http.StatusCreated {
 		t.Fatalf("warm-up: %s", r)
@@ -548,7 +537,7 @@ func TestIdempotencyLostLock(t *testing.T) {
 	if again.Status != http.StatusBadGateway || again.Header.Get(replayedHeader) != "true" {
 		t.Fatalf("retry after the lost lock: %s, want the stored outcome-unknown problem", again)
 	}
-	if n := executions(be, "lost"); n != 1 {
+	if n := be.executions("lost"); n != 1 {
 		t.Fatalf("backend ran %d times, want once", n)
 	}
 }
@@ -559,7 +548,7 @@ func TestIdempotencyLostLock(t *testing.T) {
 func TestIdempotencyClientGoneBackendHangs(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), idempotent()), siteOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -585,7 +574,7 @@ func TestIdempotencyClientGoneBackendHangs(t *testing.T) {
 	if !strings.HasSuffix(p.Type, "#outcome-unknown") || r.Header.Get(replayedHeader) != "true" {
 		t.Fatalf("retry: %s", r)
 	}
-	if n := executions(be, "hung"); n != 1 {
+	if n := be.executions("hung"); n != 1 {
 		t.Fatalf("backend ran %d times", n)
 	}
 }

@@ -87,7 +87,7 @@ func TestRetryAfterHonouredGetsReplaySoon(t *testing.T) {
 	if late := got.Sub(firstEnd); late > 1500*time.Millisecond {
 		t.Fatalf("the replay came %v after the first request's end, want about a second at most", late)
 	}
-	if n := executions(be, "now"); n != 1 {
+	if n := be.executions("now"); n != 1 {
 		t.Fatalf("executions = %d, want 1", n)
 	}
 }

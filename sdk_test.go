@@ -33,11 +33,9 @@ const chargeTime = time.Second
 func stripeBackend(t *testing.T) (*recorder, func(key string) int) {
 	t.Helper()
 	var mu sync.Mutex
-	charges := map[string]int{}
 	n := 0
 	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
 		mu.Lock()
-		charges[s.Key]++
 		n++
 		id := n
 		mu.Unlock()
@@ -46,11 +44,7 @@ func stripeBackend(t *testing.T) (*recorder, func(key string) int) {
 		w.Header().Set("Request-Id", fmt.Sprintf("req_%d", id))
 		fmt.Fprintf(w, `{"id":"pi_%d","object":"payment_intent","amount":1299,"currency":"eur","status":"succeeded"}`, id)
 	})
-	return be, func(key string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return charges[key]
-	}
+	return be, func(key string) int { return be.executions(key) }
 }
 
 // stripeClient is stripe-go with up to 3 retries, pointed at base.
@@ -204,12 +198,10 @@ const holdTime = 3 * time.Second
 func answersBackend(t *testing.T) (*recorder, func(key string) int) {
 	t.Helper()
 	var mu sync.Mutex
-	charges := map[string]int{}
 	n := 0
 	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
 		form, _ := url.ParseQuery(string(s.Body))
 		mu.Lock()
-		charges[s.Key]++
 		n++
 		id := n
 		mu.Unlock()
@@ -234,11 +226,7 @@ func answersBackend(t *testing.T) (*recorder, func(key string) int) {
 		fmt.Fprintf(w, `{"id":"pi_%d","object":"payment_intent","amount":%s,"currency":"eur","status":"succeeded","description":%q}`,
 			id, form.Get("amount"), desc)
 	})
-	return be, func(key string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return charges[key]
-	}
+	return be, func(key string) int { return be.executions(key) }
 }
 
 // answersSite routes by Stripe-Account: "idem" to idempotency (max_response

@@ -203,7 +203,7 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 			}
 		}
 	}
-	if n := executions(be, key); n != 2 {
+	if n := be.executions(key); n != 2 {
 		t.Fatalf("the backend ran the charge %d times, want 2", n)
 	}
 }

@@ -45,7 +45,7 @@ func TestTLSWithMinimalACLUser(t *testing.T) {
 	if err := redistest.SetACLUser(context.Background(), srv.Addr, srv.ClientConfig(), "caddy >"+aclPassword+" "+minimalACL); err != nil {
 		t.Fatal(err)
 	}
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /lock* {http.request.header.Idempotency-Key} {
 		%[1]s
 	}

@@ -89,7 +89,7 @@ func TestClusterIdempotency(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3, 0)
 	bin := buildCaddyBinary(t)
-	be, _ := chargeBackend(t)
+	be := chargeBackend(t)
 	site := fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
 		redis {
 			mode cluster
@@ -119,8 +119,8 @@ func TestClusterIdempotency(t *testing.T) {
 			t.Fatalf("%s: record on %s, lock's master %s", key, m, lm)
 		}
 	}
-	if be.count() != 10 {
-		t.Fatalf("backend ran %d times for 10 keys", be.count())
+	if be.executions() != 10 {
+		t.Fatalf("backend ran %d times for 10 keys", be.executions())
 	}
 
 	// A wrong password for the masters' user: 503s, and not a connection
