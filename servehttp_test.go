@@ -6,14 +6,12 @@ package redislock
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +19,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/redis/go-redis/v9"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
@@ -157,135 +154,6 @@ func TestConflictRetryAfterRoundsUp(t *testing.T) {
 	}
 }
 
-// loseLock returns a next handler that deletes the lock in Redis (another
-// holder's expiry or takeover), optionally after writing, and then waits for
-// its request context to end as reverse_proxy would.
-func loseLock(t *testing.T, rdb *redis.Client, key, write string, sawCancel *atomic.Bool) caddyhttp.Handler {
-	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		if write != "" {
-			w.Write([]byte(write))
-		}
-		if err := rdb.Del(context.Background(), key).Err(); err != nil {
-			t.Error(err)
-		}
-		select {
-		case <-r.Context().Done():
-			sawCancel.Store(true)
-			return caddyhttp.Error(http.StatusBadGateway, r.Context().Err())
-		case <-time.After(10 * time.Second):
-			return errors.New("request context never cancelled")
-		}
-	})
-}
-
-// fastRenew gives a handler a 3s lease renewed every 100ms, so a lock
-// deleted behind its back is noticed within about 100ms.
-func fastRenew(h *Handler) {
-	h.TTL = caddy.Duration(3 * time.Second)
-	h.Renew = caddy.Duration(100 * time.Millisecond)
-}
-
-func TestLostLockBeforeResponse(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k5")
-	var sawCancel atomic.Bool
-	rec := httptest.NewRecorder()
-	r, repl := unitRequest("POST", "k5", "")
-	err := h.ServeHTTP(rec, r, loseLock(t, rdb, key, "", &sawCancel))
-	if err != nil || rec.Code != 503 || !sawCancel.Load() {
-		t.Fatalf("err %v, status %d, upstream cancelled %v: want the 502 replaced by 503", err, rec.Code, sawCancel.Load())
-	}
-	var body problemJSON
-	json.Unmarshal(rec.Body.Bytes(), &body)
-	if body.Type != problemTypeBase+"lock-lost" || rec.Header().Get("Retry-After") != "1" {
-		t.Errorf("body %+v, Retry-After %q", body, rec.Header().Get("Retry-After"))
-	}
-	if res, _ := repl.GetString(phResult); res != resultLost {
-		t.Errorf("result %q", res)
-	}
-}
-
-func TestLostLockAfterBytesAborts(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k6")
-	var sawCancel atomic.Bool
-	partial := strings.Repeat("p", holdSize+10) // more than is held: bytes reach the client
-	pw := newProbeWriter()
-	r, _ := unitRequest("POST", "k6", "")
-	var recovered any
-	func() {
-		defer func() { recovered = recover() }()
-		h.ServeHTTP(pw, r, loseLock(t, rdb, key, partial, &sawCancel))
-	}()
-	if recovered != http.ErrAbortHandler || !sawCancel.Load() {
-		t.Fatalf("recovered %v, upstream cancelled %v: want http.ErrAbortHandler", recovered, sawCancel.Load())
-	}
-	if pw.body.String() != partial[:len(partial)-1] {
-		t.Errorf("client side got %d bytes: want all but the held last byte (%d)", pw.body.Len(), len(partial)-1)
-	}
-}
-
-func TestLostLockContinue(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		h.TTL = caddy.Duration(3 * time.Second)
-		h.Renew = caddy.Duration(50 * time.Millisecond)
-		h.LostLock = LostLockContinue
-	})
-	key := lock.Key(DefaultPrefix, "", "k7")
-	rec := httptest.NewRecorder()
-	r, repl := unitRequest("POST", "k7", "")
-	err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		rdb.Del(context.Background(), key)
-		time.Sleep(300 * time.Millisecond) // several renewals: one finds the lock gone
-		if r.Context().Err() != nil {
-			t.Error("lost_lock continue must not cancel the request")
-		}
-		_, err := w.Write([]byte("done"))
-		return err
-	}))
-	if err != nil || rec.Code != 200 || rec.Body.String() != "done" {
-		t.Fatalf("err %v, status %d, body %q", err, rec.Code, rec.Body.String())
-	}
-	if res, _ := repl.GetString(phResult); res != resultLost {
-		t.Errorf("result %q, want lost (counted and logged)", res)
-	}
-}
-
-// TestAbortReachesClientAsBrokenResponse checks what net/http (under Caddy's
-// server, which does not recover panics) makes of the abort: the connection
-// is closed, the client sees a truncated body and no 500.
-func TestAbortReachesClientAsBrokenResponse(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k8")
-	var sawCancel atomic.Bool
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		caddyhttp.NewTestReplacer(r)
-		w.Header().Set("Content-Length", "12")
-		h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			w.WriteHeader(200)
-			http.NewResponseController(w).Flush()
-			return loseLock(t, rdb, key, "partial", &sawCancel).ServeHTTP(w, r)
-		}))
-	}))
-	ts.Config.ErrorLog = nil
-	defer ts.Close()
-	req, _ := http.NewRequest("POST", ts.URL, nil)
-	req.Header.Set("Idempotency-Key", "k8")
-	res, err := ts.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if res.StatusCode != 200 || err == nil || len(b) >= 12 {
-		t.Fatalf("status %d, body %q, read error %v: want a truncated 200", res.StatusCode, b, err)
-	}
-}
-
 func TestRedisDown(t *testing.T) {
 	port, err := redistest.FreePort() // nothing listens here
 	if err != nil {
@@ -380,31 +248,6 @@ func TestJSONBodyHandedOn(t *testing.T) {
 	}
 }
 
-// TestLostLockWhenNextAborts is reverse_proxy's way: its upstream request is
-// cancelled mid-body, so it panics with http.ErrAbortHandler itself.
-func TestLostLockWhenNextAborts(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k11")
-	var sawCancel atomic.Bool
-	r, repl := unitRequest("POST", "k11", "")
-	lostBefore := counterValue(t, metrics.lost)
-	var recovered any
-	func() {
-		defer func() { recovered = recover() }()
-		h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			loseLock(t, rdb, key, "partial", &sawCancel).ServeHTTP(w, r)
-			panic(http.ErrAbortHandler)
-		}))
-	}()
-	if recovered != http.ErrAbortHandler || keyExists(t, rdb, key) {
-		t.Fatalf("recovered %v, lock left %v", recovered, keyExists(t, rdb, key))
-	}
-	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
-		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))
-	}
-}
-
 func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
 	t.Helper()
 	var m dto.Metric
@@ -412,29 +255,4 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
-}
-
-// In idempotency mode too, a lock lost after the response began is counted
-// once: the abort's panic passes through the handler's own recover.
-func TestIdempotentLostLockAfterResponseStartedCountedOnce(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, func(h *Handler) {
-		fastRenew(h)
-		h.Idempotency = &IdempotencyConfig{}
-	})
-	key := lock.Key(DefaultPrefix, "", "k13")
-	var sawCancel atomic.Bool
-	r, repl := unitRequest("POST", "k13", "")
-	lostBefore := counterValue(t, metrics.lost)
-	var recovered any
-	func() {
-		defer func() { recovered = recover() }()
-		h.ServeHTTP(newProbeWriter(), r, loseLock(t, rdb, key, "partial", &sawCancel))
-	}()
-	if recovered != http.ErrAbortHandler || !sawCancel.Load() {
-		t.Fatalf("recovered %v, upstream cancelled %v; want an abort after the cancellation", recovered, sawCancel.Load())
-	}
-	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
-		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))
-	}
 }
