@@ -97,7 +97,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 		}
 		return pipelined(redis.NewClusterClient(co))
 	case ModeRedlock:
-		var nodes []lock.Backend
+		var nodes []lock.Master
 		var closers []func() error
 		for _, addr := range c.Addresses {
 			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr)))
@@ -302,7 +302,7 @@ type asyncPipeliner interface {
 // queued in a pipeline is sent whatever its context says: the lock library
 // waits on each command's future and gives up at its own deadline
 // (lock.Config.CallTimeout).
-func pipelined(rdb asyncPipeliner) (lock.Backend, func() error, error) {
+func pipelined(rdb asyncPipeliner) (lock.Master, func() error, error) {
 	opt := redis.DefaultBlockingAutoPipelineOptions()
 	// A Redis that stops answering must not queue commands without end:
 	// past this many, a request gets 503 at once.

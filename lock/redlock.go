@@ -30,7 +30,7 @@ import (
 // bounded clock drift and process pauses (see Kleppmann's "How to do
 // distributed locking" and antirez's reply). Pass the fencing token on.
 type Redlock struct {
-	nodes  []Backend
+	nodes  []Master
 	names  []string
 	quorum int
 
@@ -71,41 +71,40 @@ func (rl *Redlock) settle(id string, at *attempt, i int) {
 	}
 }
 
-// fenceRaiser is a node that can take a fencing token issued elsewhere.
-type fenceRaiser interface {
+// Master is the Backend of one Redlock master, which can also raise its
+// fencing counter to a token issued elsewhere (as *Redis does): a Redlock
+// writes its winning token back to a majority of the counters.
+type Master interface {
+	Backend
+	// RaiseFence sets the fencing counter of key to fence unless it is
+	// already at or above it.
 	RaiseFence(ctx context.Context, key string, fence int64) error
 }
 
 // NewRedlock returns the Redlock of the clients, one per master; names
 // (their addresses) label errors.
 func NewRedlock(clients []redis.UniversalClient, names []string) (*Redlock, error) {
-	nodes := make([]Backend, len(clients))
+	nodes := make([]Master, len(clients))
 	for i, c := range clients {
 		nodes[i] = NewRedis(c)
 	}
 	return NewRedlockOf(nodes, names)
 }
 
-// NewRedlockOf returns the Redlock of nodes, each one master's Backend that
-// can also raise its fencing counter (as *Redis does): for a package whose
-// own Backend does more per master in the same scripts.
-func NewRedlockOf(nodes []Backend, names []string) (*Redlock, error) {
+// NewRedlockOf returns the Redlock of nodes, one per master: for a package
+// whose own Backend does more per master in the same scripts.
+func NewRedlockOf(nodes []Master, names []string) (*Redlock, error) {
 	if n := len(nodes); n < 3 || n%2 == 0 {
 		return nil, fmt.Errorf("redislock: Redlock needs an odd number of masters, at least 3, not %d", n)
 	}
 	if len(names) != len(nodes) {
 		return nil, fmt.Errorf("redislock: %d names for %d masters", len(names), len(nodes))
 	}
-	for i, n := range nodes {
-		if _, ok := n.(fenceRaiser); !ok {
-			return nil, fmt.Errorf("redislock: master %s (%T) cannot raise its fencing counter", names[i], n)
-		}
-	}
 	return &Redlock{nodes: nodes, names: names, quorum: len(nodes)/2 + 1}, nil
 }
 
 // Nodes are the masters' Backends, in order.
-func (rl *Redlock) Nodes() []Backend { return rl.nodes }
+func (rl *Redlock) Nodes() []Master { return rl.nodes }
 
 // Names label the masters in errors, in the order of Nodes.
 func (rl *Redlock) Names() []string { return rl.names }
@@ -132,7 +131,7 @@ type reply struct {
 // fanOut calls f on every master at once and sends the replies as they
 // come; the channel has room for all of them, so that callers may stop
 // reading early.
-func (rl *Redlock) fanOut(f func(i int, n Backend) (int64, error)) <-chan reply {
+func (rl *Redlock) fanOut(f func(i int, n Master) (int64, error)) <-chan reply {
 	ch := make(chan reply, len(rl.nodes))
 	for i, n := range rl.nodes {
 		go func() {
@@ -192,7 +191,7 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	at := newAttempt(len(rl.nodes), stop)
 	rl.attempts.Store(id, at)
 	start := time.Now()
-	replies := rl.fanOut(func(i int, n Backend) (int64, error) {
+	replies := rl.fanOut(func(i int, n Master) (int64, error) {
 		if prev != nil {
 			select {
 			case <-prev.settled[i]:
@@ -270,8 +269,8 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 
 // raiseFence writes fence back to the counters of a majority.
 func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) error {
-	replies := rl.fanOut(func(_ int, n Backend) (int64, error) {
-		return 0, n.(fenceRaiser).RaiseFence(ctx, key, fence)
+	replies := rl.fanOut(func(_ int, n Master) (int64, error) {
+		return 0, n.RaiseFence(ctx, key, fence)
 	})
 	ok := 0
 	var errs []error
@@ -342,7 +341,7 @@ func detached(ctx context.Context, ttl time.Duration) (context.Context, context.
 
 // Refresh extends the lease on a majority.
 func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
-	replies := rl.fanOut(func(_ int, n Backend) (int64, error) { return 0, n.Refresh(ctx, key, token, ttl) })
+	replies := rl.fanOut(func(_ int, n Master) (int64, error) { return 0, n.Refresh(ctx, key, token, ttl) })
 	ok, notHeld := 0, 0
 	var errs []error
 	for range rl.nodes {
@@ -410,6 +409,6 @@ func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 }
 
 var (
-	_ Backend     = (*Redlock)(nil)
-	_ fenceRaiser = (*Redis)(nil)
+	_ Backend = (*Redlock)(nil)
+	_ Master  = (*Redis)(nil)
 )

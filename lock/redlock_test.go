@@ -169,7 +169,7 @@ func slowLast(t *testing.T) ([]*redis.Client, *Redlock, chan struct{}) {
 	t.Helper()
 	_, rdbs, _ := masters(t, 3)
 	gate := make(chan struct{})
-	nodes := []Backend{NewRedis(rdbs[0]), NewRedis(rdbs[1]), slowMaster{NewRedis(rdbs[2]), gate}}
+	nodes := []Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), slowMaster{NewRedis(rdbs[2]), gate}}
 	rl, err := NewRedlockOf(nodes, []string{"m0", "m1", "m2"})
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func (m lateMaster) TryAcquire(ctx context.Context, key, token string, ttl time.
 func TestRedlockGivesBackGrantAfterDeadline(t *testing.T) {
 	_, rdbs, _ := masters(t, 3)
 	late := lateMaster{NewRedis(rdbs[2]), make(chan error, 1)}
-	rl, err := NewRedlockOf([]Backend{NewRedis(rdbs[0]), NewRedis(rdbs[1]), late}, []string{"m0", "m1", "m2"})
+	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), late}, []string{"m0", "m1", "m2"})
 	if err != nil {
 		t.Fatal(err)
 	}

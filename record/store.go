@@ -80,7 +80,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 	if len(s.nodes) == 1 {
 		return s.c.AcquireWith(ctx, &begin{node: s.nodes[0], fingerprint: fingerprint}, key, opt)
 	}
-	nodes := make([]lock.Backend, len(s.nodes))
+	nodes := make([]lock.Master, len(s.nodes))
 	for i, n := range s.nodes {
 		nodes[i] = &begin{node: n, fingerprint: fingerprint}
 	}
@@ -241,4 +241,4 @@ func (b *begin) RaiseFence(ctx context.Context, key string, fence int64) error {
 	return b.node.RaiseFence(ctx, key, fence)
 }
 
-var _ lock.Backend = (*begin)(nil)
+var _ lock.Master = (*begin)(nil)
