@@ -190,7 +190,7 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 				// command is sent even after its caller gave up) and
 				// only the reply be lost: free what may be ours so a
 				// duplicate is not blocked for a lease.
-				c.background(ctx, func(ctx context.Context) { _ = c.release(ctx, b, key, token) })
+				c.Background(ctx, func(ctx context.Context) { _ = c.release(ctx, b, key, token) })
 			}
 			return nil, err
 		}
@@ -284,17 +284,11 @@ func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.C
 
 // Background runs f on a context detached from ctx's cancellation, unless
 // MaxBackground calls (the Client's own cleanups included) are already
-// running: then f is dropped. It reports whether f runs. For work a caller
-// finishes after it has answered, such as storing an outcome once Redis is
-// back (package record's users).
+// running: then f is dropped, as the lease ends what it would have cleaned
+// up. It reports whether f runs. For work a caller finishes after it has
+// answered, such as storing an outcome once Redis is back (package
+// record's users).
 func (c *Client) Background(ctx context.Context, f func(context.Context)) bool {
-	return c.background(ctx, f)
-}
-
-// background runs f on a context detached from ctx's cancellation, unless
-// MaxBackground calls are already running: then f is dropped, as the lease
-// ends what it would have cleaned up. It reports whether f runs.
-func (c *Client) background(ctx context.Context, f func(context.Context)) bool {
 	select {
 	case c.bg <- struct{}{}:
 	default:

@@ -123,7 +123,7 @@ func (l *Lock) setLease(sent time.Time, ttl time.Duration) {
 // the client's ReleaseTimeout. It is safe to call more than once; a lock
 // that has expired or been taken over reports ErrNotHeld and is left alone.
 func (l *Lock) Release(ctx context.Context) error {
-	l.stop()
+	l.Stop()
 	return l.c.release(ctx, l.b, l.key, l.token)
 }
 
@@ -134,15 +134,15 @@ func (l *Lock) Release(ctx context.Context) error {
 // background work is at MaxBackground and the lease is left to end the lock.
 func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
 	l.cancel(ErrReleased)
-	started := l.c.background(ctx, func(ctx context.Context) {
-		l.stop()
+	started := l.c.Background(ctx, func(ctx context.Context) {
+		l.Stop()
 		err := l.c.release(ctx, l.b, l.key, l.token)
 		if done != nil {
 			done(err)
 		}
 	})
 	if !started {
-		l.stop()
+		l.Stop()
 		if done != nil {
 			done(fmt.Errorf("%w: too much background work; the lease ends the lock", ErrUnavailable))
 		}
@@ -150,14 +150,11 @@ func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
 }
 
 // Stop ends the keep-alive and the lock's Context (cause ErrReleased), and
-// waits for a refresh in flight, without a call to Redis: for a caller whose
-// own script deletes the lock, such as one that stores the request's outcome
-// in the same step (package record).
-func (l *Lock) Stop() { l.stop() }
-
-// stop ends the keep-alive and the lock's Context, and waits for a refresh
-// in flight (it ends with the context).
-func (l *Lock) stop() {
+// waits for a refresh in flight (it ends with the context), without a call
+// to Redis: for a caller whose own script deletes the lock, such as one that
+// stores the request's outcome in the same step (package record). Release
+// and ReleaseAsync stop the lock this way first.
+func (l *Lock) Stop() {
 	l.mu.Lock()
 	l.done = true
 	l.timer.Stop()
