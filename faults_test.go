@@ -280,39 +280,6 @@ func TestKeyIsUnambiguous(t *testing.T) {
 	})
 }
 
-// A client-sent fencing token never reaches the backend, not even as a
-// chunked trailer.
-func TestFencingTrailerStripped(t *testing.T) {
-	srv, _ := newRedis(t)
-	be := newRecorder(t, nil)
-	s := startCaddySite(t, paySite(srv.Addr, be.hostPort()), siteOptions{})
-	for _, declared := range []bool{true, false} {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		trailerHdr := ""
-		if declared {
-			trailerHdr = "Trailer: Fencing-Token\r\n"
-		}
-		fmt.Fprintf(conn, "POST /pay HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: trailer-%v\r\nTransfer-Encoding: chunked\r\n%s\r\n"+
-			"2\r\n{}\r\n0\r\nFencing-Token: 99999999999999999\r\nX-Other: kept\r\n\r\n", declared, trailerHdr)
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		conn.Close()
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("chunked request with trailers: %v %v", resp, err)
-		}
-		reqs := be.requests()
-		got := reqs[len(reqs)-1]
-		if v := got.Trailer.Values("Fencing-Token"); len(v) != 0 {
-			t.Errorf("declared=%v: the client's Fencing-Token reached the backend as a trailer: %q", declared, v)
-		}
-		if len(got.Fencing) != 1 || got.Fencing[0] == "99999999999999999" {
-			t.Errorf("declared=%v: Fencing-Token header upstream %q, want the handler's own", declared, got.Fencing)
-		}
-	}
-}
-
 // A pooled connection that Redis dropped (CLIENT KILL) is retried once:
 // the request still gets its lock.
 func TestDroppedConnectionRetried(t *testing.T) {
