@@ -6,11 +6,9 @@ package redislock
 // tests wait until every sequential one has finished).
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"runtime"
 	"strings"
@@ -207,77 +205,6 @@ func TestReloadKeepsLocksInFlight(t *testing.T) {
 	s.caddyfile = strings.Replace(s.caddyfile, site("900ms"), site("1s"), 1)
 	s.reload()
 	checkBaseline(t, s, base)
-}
-
-// A request whose body stalls until the server's read timeout gets 408,
-// never the 200 of an empty response.
-func TestStalledBodyIsNot200(t *testing.T) {
-	srv, _ := newRedis(t)
-	be := newRecorder(t, nil)
-	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /orders* order:{http.redis_lock.json.order_id} {
-		redis %s
-	}
-	reverse_proxy %s`, srv.Addr, be.hostPort()), siteOptions{global: `	servers {
-		timeouts {
-			read_body 500ms
-		}
-	}`})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	start := time.Now()
-	fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"order_id\":")
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no response to a stalled body: %v", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	expectProblem(t, &response{Status: resp.StatusCode, Header: resp.Header, Body: string(body)}, http.StatusRequestTimeout)
-	t.Logf("stalled body answered %d after %v", resp.StatusCode, time.Since(start))
-	if be.executions() != 0 {
-		t.Fatal("a request with a stalled body reached the backend")
-	}
-}
-
-// A value the key reads must mean one thing: a repeated header, an
-// ambiguous JSON field or two spellings of one number cannot lock apart
-// what the backend reads as one order.
-func TestKeyIsUnambiguous(t *testing.T) {
-	srv, rdb := newRedis(t)
-	be := newRecorder(t, nil)
-	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
-		redis %[1]s
-	}
-	redis_lock /orders* order:{http.redis_lock.json.order_id} {
-		redis %[1]s
-	}
-	reverse_proxy %[2]s`, srv.Addr, be.hostPort()), siteOptions{})
-
-	t.Run("repeated header", func(t *testing.T) {
-		expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", "K", "Idempotency-Key", "zzz"), http.StatusBadRequest)
-	})
-	for _, body := range []string{
-		`{"order_id":"zz","ORDER_ID":"q"}`,
-		`{"order_id":"zz","order_id":"q"}`,
-		`{"Order_Id":"q"}`,
-	} {
-		t.Run("json "+body, func(t *testing.T) {
-			expectProblem(t, s.do("POST", "/orders", body), http.StatusBadRequest)
-		})
-	}
-	if be.executions() != 0 {
-		t.Fatalf("ambiguous keys reached the backend %d times", be.executions())
-	}
-	t.Run("numbers by value", func(t *testing.T) {
-		holdLock(t, rdb, defaultKey("order:1000"), 5*time.Second)
-		for _, n := range []string{"1000", "1e3", "1000.0", "10000e-1"} {
-			r := s.do("POST", "/orders", `{"order_id":`+n+`}`)
-			expectProblem(t, r, http.StatusConflict)
-		}
-	})
 }
 
 // A pooled connection that Redis dropped (CLIENT KILL) is retried once:
