@@ -19,8 +19,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 // gate is a backend behaviour that blocks the first n requests until opened
@@ -34,72 +32,6 @@ type gate struct {
 func newGate() *gate { return &gate{ch: make(chan struct{})} }
 
 func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
-
-func TestRedisUnavailable(t *testing.T) {
-	t.Parallel()
-	srv, _ := newRedis(t)
-	down, _ := newRedis(t)
-	down.Stop() // an address where nothing listens
-	be := newRecorder(t, nil)
-	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /closed* {http.request.header.Idempotency-Key} {
-		redis %[1]s
-	}
-	redis_lock /open* {http.request.header.Idempotency-Key} {
-		redis %[1]s
-		on_error fail_open
-	}
-	redis_lock /flaky* {http.request.header.Idempotency-Key} {
-		redis %[2]s
-	}
-	header >X-Lock-Result {http.redis_lock.result}
-	reverse_proxy %[3]s`, down.Addr, srv.Addr, be.hostPort()), siteOptions{})
-
-	t.Run("fail_closed", func(t *testing.T) {
-		r := s.do("POST", "/closed", `{}`, "Idempotency-Key", "k1")
-		expectProblem(t, r, http.StatusServiceUnavailable)
-		if got := r.Header.Get("Retry-After"); got != "1" {
-			t.Errorf("Retry-After = %q, want 1", got)
-		}
-		if be.executions() != 0 {
-			t.Fatal("fail_closed passed the request on")
-		}
-	})
-	t.Run("fail_open", func(t *testing.T) {
-		r := s.do("POST", "/open", `{}`, "Idempotency-Key", "k1", "Fencing-Token", "777")
-		if r.Status != 200 {
-			t.Fatalf("fail_open: %s", r)
-		}
-		reqs := be.requests()
-		if len(reqs) != 1 || len(reqs[0].Fencing) != 0 {
-			t.Fatalf("fail_open: backend saw %d requests, Fencing-Token %v; want 1 without a token", len(reqs), reqs[0].Fencing)
-		}
-		if got := r.Header.Get("X-Lock-Result"); got != "fail_open" {
-			t.Errorf("{http.redis_lock.result} = %q, want fail_open", got)
-		}
-	})
-	t.Run("down and back", func(t *testing.T) {
-		if r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "a"); r.Status != 200 {
-			t.Fatalf("before the outage: %s", r)
-		}
-		srv.Stop()
-		r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "b")
-		expectProblem(t, r, http.StatusServiceUnavailable)
-		if got := r.Header.Get("Retry-After"); got != "1" {
-			t.Errorf("Retry-After = %q, want 1", got)
-		}
-		if err := srv.Restart(); err != nil {
-			t.Fatal(err)
-		}
-		var last *response
-		redistest.Eventually(t, 15*time.Second, "recovery after Redis came back", func() bool {
-			last = s.do("POST", "/flaky", `{}`, "Idempotency-Key", "c")
-			return last.Status == 200
-		})
-		if r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "d"); r.Status != 200 {
-			t.Fatalf("after recovery: %s", r)
-		}
-	})
-}
 
 // TestEarlyDataTooEarly drives ServeHTTP directly: Go's TLS stack neither
 // sends nor accepts 0-RTT, so a request with early data cannot be produced

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -548,4 +549,33 @@ func writeFile(t testing.TB, dir, name, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// goroutineBaseline is the goroutine count once s is idle; checkBaseline
+// waits until the count is back to it. The sites proxy without keep-alive,
+// so that idle upstream connections do not count. The tests that take a
+// baseline are not parallel, so that the goroutine count they compare
+// belongs to them alone (parallel tests wait until every sequential one has
+// finished).
+func goroutineBaseline(s *caddySite) int {
+	s.client.CloseIdleConnections()
+	time.Sleep(100 * time.Millisecond)
+	return runtime.NumGoroutine()
+}
+
+func checkBaseline(t *testing.T, s *caddySite, base int) {
+	t.Helper()
+	var n int
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		s.client.CloseIdleConnections()
+		if n = runtime.NumGoroutine(); n <= base {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after the fault, baseline %d:\n%s", n, base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,45 +1,131 @@
 package redislock
 
-// Faults and hostile input, through Caddy, against real redis-server
-// processes: what the client gets and when. These tests are not parallel, so
-// that the goroutine count they compare belongs to them alone (parallel
-// tests wait until every sequential one has finished).
+// Faults of Redis: down (fail_closed, fail_open, and back), accepting
+// connections and never answering, paused, dropping pooled connections,
+// refusing a command: what the client gets, and when. The tests that take
+// a goroutine baseline are not parallel (see goroutineBaseline).
 
 import (
 	"context"
 	"fmt"
 	"net/http"
-	"runtime"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
-// goroutineBaseline is the goroutine count once s is idle; checkBaseline
-// waits until the count is back to it. The sites proxy without keep-alive,
-// so that idle upstream connections do not count.
-func goroutineBaseline(s *caddySite) int {
-	s.client.CloseIdleConnections()
-	time.Sleep(100 * time.Millisecond)
-	return runtime.NumGoroutine()
+func TestRedisUnavailable(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	down, _ := newRedis(t)
+	down.Stop() // an address where nothing listens
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /closed* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+	}
+	redis_lock /open* {http.request.header.Idempotency-Key} {
+		redis %[1]s
+		on_error fail_open
+	}
+	redis_lock /flaky* {http.request.header.Idempotency-Key} {
+		redis %[2]s
+	}
+	header >X-Lock-Result {http.redis_lock.result}
+	reverse_proxy %[3]s`, down.Addr, srv.Addr, be.hostPort()), siteOptions{})
+
+	t.Run("fail_closed", func(t *testing.T) {
+		r := s.do("POST", "/closed", `{}`, "Idempotency-Key", "k1")
+		expectProblem(t, r, http.StatusServiceUnavailable)
+		if got := r.Header.Get("Retry-After"); got != "1" {
+			t.Errorf("Retry-After = %q, want 1", got)
+		}
+		if be.executions() != 0 {
+			t.Fatal("fail_closed passed the request on")
+		}
+	})
+	t.Run("fail_open", func(t *testing.T) {
+		r := s.do("POST", "/open", `{}`, "Idempotency-Key", "k1", "Fencing-Token", "777")
+		if r.Status != 200 {
+			t.Fatalf("fail_open: %s", r)
+		}
+		reqs := be.requests()
+		if len(reqs) != 1 || len(reqs[0].Fencing) != 0 {
+			t.Fatalf("fail_open: backend saw %d requests, Fencing-Token %v; want 1 without a token", len(reqs), reqs[0].Fencing)
+		}
+		if got := r.Header.Get("X-Lock-Result"); got != "fail_open" {
+			t.Errorf("{http.redis_lock.result} = %q, want fail_open", got)
+		}
+	})
+	t.Run("down and back", func(t *testing.T) {
+		if r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "a"); r.Status != 200 {
+			t.Fatalf("before the outage: %s", r)
+		}
+		srv.Stop()
+		r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "b")
+		expectProblem(t, r, http.StatusServiceUnavailable)
+		if got := r.Header.Get("Retry-After"); got != "1" {
+			t.Errorf("Retry-After = %q, want 1", got)
+		}
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		var last *response
+		redistest.Eventually(t, 15*time.Second, "recovery after Redis came back", func() bool {
+			last = s.do("POST", "/flaky", `{}`, "Idempotency-Key", "c")
+			return last.Status == 200
+		})
+		if r := s.do("POST", "/flaky", `{}`, "Idempotency-Key", "d"); r.Status != 200 {
+			t.Fatalf("after recovery: %s", r)
+		}
+	})
 }
 
-func checkBaseline(t *testing.T, s *caddySite, base int) {
-	t.Helper()
-	var n int
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		s.client.CloseIdleConnections()
-		if n = runtime.NumGoroutine(); n <= base {
-			return
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines after the fault, baseline %d:\n%s", n, base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(50 * time.Millisecond)
+func TestRedisDown(t *testing.T) {
+	port, err := redistest.FreePort() // nothing listens here
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	for _, mode := range []string{OnErrorFailClosed, OnErrorFailOpen} {
+		t.Run(mode, func(t *testing.T) {
+			h := unitHandler(t, addr, func(h *Handler) { h.OnError = mode })
+			rec := httptest.NewRecorder()
+			r, repl := unitRequest("POST", "k9", "")
+			r.Header.Set("Fencing-Token", "42")
+			var upstreamFence *string
+			start := time.Now()
+			err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				f := r.Header.Get("Fencing-Token")
+				upstreamFence = &f
+				return nil
+			}))
+			took := time.Since(start)
+			t.Logf("%s answered in %v", mode, took)
+			if err != nil || took > 500*time.Millisecond { // refused: milliseconds, not go-redis's dial retries
+				t.Fatalf("err %v, took %v", err, took)
+			}
+			res, _ := repl.GetString(phResult)
+			switch mode {
+			case OnErrorFailClosed:
+				if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" || upstreamFence != nil || res != resultUnavailable {
+					t.Fatalf("status %d, Retry-After %q, result %q", rec.Code, rec.Header().Get("Retry-After"), res)
+				}
+				if b := rec.Body.String(); strings.Contains(b, addr) || strings.Contains(b, "refused") {
+					t.Errorf("body leaks Redis detail: %s", b)
+				}
+			case OnErrorFailOpen:
+				if upstreamFence == nil || *upstreamFence != "" || res != resultFailOpen {
+					t.Fatalf("upstream called %v (fence %v), result %q: want passed on, fence stripped", upstreamFence != nil, upstreamFence, res)
+				}
+			}
+		})
 	}
 }
 
