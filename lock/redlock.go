@@ -267,25 +267,18 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	return 0, granted, fmt.Errorf("%w: no majority of the masters answered: %w", ErrUnavailable, errors.Join(errs...))
 }
 
-// raiseFence writes fence back to the counters of a majority.
+// raiseFence writes fence back to the counters of a majority. The calls
+// run on ctx itself, and it returns as soon as a majority took the token
+// or too many failed for one to.
 func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) error {
-	replies := rl.fanOut(func(_ int, n Master) (int64, error) {
-		return 0, n.RaiseFence(ctx, key, fence)
+	ok, errs := quorum.CallOrGiveUp(ctx, func() {}, len(rl.nodes), rl.quorum, func(ctx context.Context, i int) (bool, error) {
+		if err := rl.nodes[i].RaiseFence(ctx, key, fence); err != nil {
+			return false, rl.nodeError(i, err)
+		}
+		return true, nil
 	})
-	ok := 0
-	var errs []error
-	for range rl.nodes {
-		r := <-replies
-		if r.err == nil {
-			if ok++; ok >= rl.quorum {
-				return nil
-			}
-			continue
-		}
-		errs = append(errs, rl.nodeError(r.node, r.err))
-		if len(errs) > len(rl.nodes)-rl.quorum {
-			break
-		}
+	if ok >= rl.quorum {
+		return nil
 	}
 	return fmt.Errorf("%w: the fencing token could not be written back to a majority: %w", ErrUnavailable, errors.Join(errs...))
 }

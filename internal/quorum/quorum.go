@@ -10,6 +10,17 @@ import "context"
 // errors so far. Calls still running when it returns go on; cancel, which
 // ends ctx, is called once the last has returned.
 func Call(ctx context.Context, cancel context.CancelFunc, n, need int, f func(ctx context.Context, i int) (ok bool, err error)) (oks int, errs []error) {
+	return call(ctx, cancel, n, need, n, f)
+}
+
+// CallOrGiveUp is Call that also returns as soon as more than n-need calls
+// failed (returned an error), when need of them can no longer succeed.
+func CallOrGiveUp(ctx context.Context, cancel context.CancelFunc, n, need int, f func(ctx context.Context, i int) (ok bool, err error)) (oks int, errs []error) {
+	return call(ctx, cancel, n, need, n-need, f)
+}
+
+// call is Call that returns once more than maxErrs calls failed too.
+func call(ctx context.Context, cancel context.CancelFunc, n, need, maxErrs int, f func(ctx context.Context, i int) (ok bool, err error)) (oks int, errs []error) {
 	type result struct {
 		ok  bool
 		err error
@@ -26,15 +37,16 @@ func Call(ctx context.Context, cancel context.CancelFunc, n, need int, f func(ct
 		if r.err != nil {
 			errs = append(errs, r.err)
 		} else if r.ok {
-			if oks++; oks >= need {
-				go func() {
-					for range n - i - 1 {
-						<-results
-					}
-					cancel()
-				}()
-				return oks, errs
-			}
+			oks++
+		}
+		if oks >= need || len(errs) > maxErrs {
+			go func() {
+				for range n - i - 1 {
+					<-results
+				}
+				cancel()
+			}()
+			return oks, errs
 		}
 	}
 	cancel()

@@ -48,3 +48,26 @@ func TestCallWithoutMajority(t *testing.T) {
 		t.Fatal("the context was not ended")
 	}
 }
+
+// CallOrGiveUp returns once too many calls failed for a majority, while a
+// call still hangs, and ends the context only after that call returned.
+func TestCallOrGiveUpReturnsWithoutMajority(t *testing.T) {
+	hang := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	boom := errors.New("boom")
+	oks, errs := CallOrGiveUp(ctx, cancel, 3, 2, func(ctx context.Context, i int) (bool, error) {
+		if i == 2 {
+			<-hang
+			return true, ctx.Err()
+		}
+		return false, boom
+	})
+	if oks != 0 || len(errs) != 2 {
+		t.Fatalf("oks %d, errs %v; want 0 and two", oks, errs)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the context ended while a call was still running")
+	}
+	close(hang)
+	<-ctx.Done()
+}
