@@ -45,23 +45,6 @@ func unitRequest(method, key, body string) (*http.Request, *caddy.Replacer) {
 	return r, caddyhttp.NewTestReplacer(r)
 }
 
-func TestClientGoneBeforeLock(t *testing.T) {
-	srv, _ := newRedis(t)
-	h := unitHandler(t, srv.Addr, nil)
-	r, repl := unitRequest("POST", "k10", "")
-	ctx, cancel := context.WithCancel(r.Context())
-	cancel()
-	r = r.WithContext(ctx)
-	rec := httptest.NewRecorder()
-	err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
-		t.Error("next called for a gone client")
-		return nil
-	}))
-	if res, _ := repl.GetString(phResult); err != nil || rec.Body.Len() != 0 || res != resultCancelled {
-		t.Fatalf("err %v, body %q, result %q", err, rec.Body.String(), res)
-	}
-}
-
 func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
 	t.Helper()
 	var m dto.Metric
