@@ -326,10 +326,19 @@ func (rl *Redlock) giveBack(ctx context.Context, id, key, token string, ttl time
 // detached is ctx without its cancellation, bounded by its deadline, else
 // by ttl (a grant later than that has expired).
 func detached(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return withoutCancel(ctx)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), ttl)
+}
+
+// withoutCancel is ctx without its cancellation, bounded by its deadline if
+// it has one.
+func withoutCancel(ctx context.Context) (context.Context, context.CancelFunc) {
 	if d, ok := ctx.Deadline(); ok {
 		return context.WithDeadline(context.WithoutCancel(ctx), d)
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), ttl)
+	return context.WithCancel(context.WithoutCancel(ctx))
 }
 
 // Refresh extends the lease on a majority.
@@ -365,13 +374,7 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 // ctx's deadline, after Release returned. A master still answering the
 // acquire is released once it answered (and settled).
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
-	var rctx context.Context
-	var cancel context.CancelFunc
-	if d, ok := ctx.Deadline(); ok {
-		rctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), d)
-	} else {
-		rctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
-	}
+	rctx, cancel := withoutCancel(ctx)
 	var settled []chan struct{}
 	if at, ok := rl.attempts.Load(key + "\x00" + token); ok {
 		settled = at.(*attempt).settled
