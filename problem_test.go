@@ -3,11 +3,13 @@ package redislock
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -172,5 +174,35 @@ func TestProblemStripeError(t *testing.T) {
 	if err := (&Handler{Errors: ErrorsHandleErrors}).writeProblem(rec, problemOutcomeUnknown); err == nil ||
 		rec.Header().Get("Stripe-Should-Retry") != "false" {
 		t.Errorf("handle_errors: err %v, Stripe-Should-Retry %q", err, rec.Header().Get("Stripe-Should-Retry"))
+	}
+}
+
+func TestHandleErrorsMode(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /pay* {http.request.header.Idempotency-Key} {
+		redis %s
+		errors handle_errors
+	}
+	reverse_proxy %s
+	handle_errors {
+		header X-Site-Error yes
+		respond "site error page {err.status_code}"
+	}`, srv.Addr, be.hostPort()), siteOptions{})
+
+	holdLock(t, rdb, defaultKey("he"), 5*time.Second)
+	r := s.do("POST", "/pay", `{}`, "Idempotency-Key", "he")
+	if r.Status != http.StatusConflict || r.Body != "site error page 409" || r.Header.Get("X-Site-Error") != "yes" {
+		t.Fatalf("409 through handle_errors: %s", r)
+	}
+	retryAfter(t, r)
+
+	r = s.do("POST", "/pay", `{}`)
+	if r.Status != http.StatusBadRequest || r.Body != "site error page 400" {
+		t.Fatalf("400 through handle_errors: %s", r)
+	}
+	if be.executions() != 0 {
+		t.Fatalf("backend called %d times", be.executions())
 	}
 }
