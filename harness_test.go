@@ -4,7 +4,10 @@ package redislock
 // the real caddyfile adapter and loaded in-process with caddy.Load, each test
 // with its own redis-server (internal/redistest) and its own backend.
 // caddytest is not used: it wants fixed ports (admin 2999, 9080/9443), and a
-// process can run only one Caddy config at a time anyway.
+// process can run only one Caddy config at a time anyway. The tests that
+// call ServeHTTP directly, with a provisioned Handler and a real
+// redis-server but no Caddy server around it, use unitHandler and
+// unitRequest.
 
 import (
 	"context"
@@ -27,6 +30,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/redis/go-redis/v9"
 
@@ -578,4 +582,32 @@ func checkBaseline(t *testing.T, s *caddySite, base int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// unitHandler provisions a handler against the redis-server at addr.
+func unitHandler(t *testing.T, addr string, modify func(*Handler)) *Handler {
+	t.Helper()
+	h := &Handler{Key: "{http.request.header.Idempotency-Key}", Redis: &RedisConfig{Addresses: []string{addr}}}
+	if modify != nil {
+		modify(h)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Cleanup() })
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// unitRequest is a request as Caddy hands it to a handler: with a replacer.
+func unitRequest(method, key, body string) (*http.Request, *caddy.Replacer) {
+	r := httptest.NewRequest(method, "/checkout", strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	return r, caddyhttp.NewTestReplacer(r)
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Every labelled series exists at 0 as soon as the collectors are
@@ -57,4 +58,13 @@ func TestMetricsSeriesExistFromStart(t *testing.T) {
 	if got := counterValue(t, metrics.requests.WithLabelValues("not_a_result")); got != before+1 {
 		t.Fatalf("a label not made at init: %v -> %v, want +1", before, got)
 	}
+}
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
