@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -418,131 +417,6 @@ func mustFreePort(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// seen is one request as the backend saw it.
-type seen struct {
-	Path    string
-	Key     string   // Idempotency-Key header, or X-Test-Key
-	Fencing []string // Fencing-Token values
-	Header  http.Header
-	Trailer http.Header // after the body was read
-	Body    []byte
-	At      time.Time
-	Ctx     context.Context
-}
-
-// recorder is a test backend that records every request and flags
-// overlapping executions for the same key.
-type recorder struct {
-	*httptest.Server
-	mu       sync.Mutex
-	reqs     []seen
-	inflight map[string]int
-	overlaps int
-	entered  chan seen
-	handle   func(w http.ResponseWriter, r *http.Request, s seen) // nil: 200 "ok"
-}
-
-func newRecorder(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, s seen)) *recorder {
-	t.Helper()
-	rec := &recorder{inflight: map[string]int{}, entered: make(chan seen, 1024), handle: handle}
-	rec.Server = httptest.NewServer(http.HandlerFunc(rec.serve))
-	t.Cleanup(rec.Close)
-	return rec
-}
-
-func (rec *recorder) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	key := r.Header.Get("Idempotency-Key")
-	if key == "" {
-		key = r.Header.Get("X-Test-Key")
-	}
-	s := seen{Path: r.URL.Path, Key: key, Fencing: r.Header.Values("Fencing-Token"),
-		Header: r.Header.Clone(), Trailer: r.Trailer.Clone(), Body: body, At: time.Now(), Ctx: r.Context()}
-	rec.mu.Lock()
-	rec.reqs = append(rec.reqs, s)
-	rec.inflight[key]++
-	if rec.inflight[key] > 1 {
-		rec.overlaps++
-	}
-	rec.mu.Unlock()
-	defer func() {
-		rec.mu.Lock()
-		rec.inflight[key]--
-		rec.mu.Unlock()
-	}()
-	select {
-	case rec.entered <- s:
-	default:
-	}
-	if rec.handle != nil {
-		rec.handle(w, r, s)
-		return
-	}
-	w.Header().Set("Fencing-Seen", strings.Join(s.Fencing, ","))
-	io.WriteString(w, "ok")
-}
-
-func (rec *recorder) requests() []seen {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	return append([]seen(nil), rec.reqs...)
-}
-
-// executions counts the requests that reached the backend carrying one of
-// keys (Idempotency-Key, or X-Test-Key), or all of them without keys.
-func (rec *recorder) executions(keys ...string) int {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if len(keys) == 0 {
-		return len(rec.reqs)
-	}
-	n := 0
-	for _, s := range rec.reqs {
-		if slices.Contains(keys, s.Key) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitEntered waits for the next request to reach the backend.
-func (rec *recorder) waitEntered(t *testing.T, d time.Duration) seen {
-	t.Helper()
-	select {
-	case s := <-rec.entered:
-		return s
-	case <-time.After(d):
-		t.Fatalf("no request reached the backend within %v", d)
-		return seen{}
-	}
-}
-
-// hostPort is the backend's address for reverse_proxy.
-func (rec *recorder) hostPort() string { return strings.TrimPrefix(rec.URL, "http://") }
-
-// fence parses a single fencing token.
-func fence(t *testing.T, vals []string) int64 {
-	t.Helper()
-	if len(vals) != 1 {
-		t.Fatalf("Fencing-Token values = %q, want exactly one", vals)
-	}
-	n, err := strconv.ParseInt(vals[0], 10, 64)
-	if err != nil || n <= 0 {
-		t.Fatalf("Fencing-Token = %q, want a positive integer", vals[0])
-	}
-	return n
-}
-
-// parseFence is fence for backend handlers, which must not call t.Fatal:
-// 0 when vals is not exactly one positive integer.
-func parseFence(vals []string) int64 {
-	if len(vals) != 1 {
-		return 0
-	}
-	n, _ := strconv.ParseInt(vals[0], 10, 64)
-	return n
 }
 
 // writeFile writes content into dir/name and returns the path.

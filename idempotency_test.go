@@ -12,63 +12,12 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
-
-// chargeBackend answers by path, and numbers its charges so that a replay
-// (the same number) tells itself from a second execution.
-func chargeBackend(t *testing.T) *recorder {
-	t.Helper()
-	var charges atomic.Int64
-	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
-		n := charges.Add(1)
-		switch {
-		case strings.HasPrefix(s.Path, "/pay/status/"):
-			code, _ := strconv.Atoi(strings.TrimPrefix(s.Path, "/pay/status/"))
-			w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
-			w.WriteHeader(code)
-			fmt.Fprintf(w, `{"status":%d,"charge":%d}`, code, n)
-		case s.Path == "/pay/slow":
-			select {
-			case <-time.After(800 * time.Millisecond):
-			case <-r.Context().Done():
-				return
-			}
-			fmt.Fprintf(w, `{"charge":%d}`, n)
-		case s.Path == "/pay/hang":
-			<-r.Context().Done()
-		case s.Path == "/pay/reset":
-			conn, _, err := http.NewResponseController(w).Hijack()
-			if err == nil {
-				conn.Close()
-			}
-		case s.Path == "/pay/big":
-			io.WriteString(w, strings.Repeat("x", 5000))
-		case s.Path == "/pay/br": // a coding a replay could not decode
-			w.Header().Set("Content-Encoding", "br")
-			io.WriteString(w, "\x0b\x02\x80charge\x03")
-		case s.Path == "/pay/sse":
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprintf(w, "data: charge %d\n\n", n)
-		case s.Path == "/pay/text":
-			w.Header().Set("Content-Type", "text/plain")
-			io.WriteString(w, strings.Repeat(fmt.Sprintf("charge %d ", n), 200))
-		default:
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
-			w.Header().Set("Set-Cookie", "session=secret-of-the-first-client")
-			w.Header().Set("Keep-Alive", "timeout=5")
-			w.WriteHeader(http.StatusCreated)
-			fmt.Fprintf(w, `{"charge":%d,"fencing":%q}`, n, strings.Join(s.Fencing, ","))
-		}
-	})
-	return be
-}
 
 func TestIdempotencyReplay(t *testing.T) {
 	t.Parallel()
