@@ -1,5 +1,6 @@
--- Begin a request under an idempotency key (the source starts with lock's
--- take.lua): its stored outcome, or its lock, in one round trip.
+-- Begin a request under an idempotency key (the source starts with
+-- internal/redisscript's take.lua): its stored outcome, or its lock, in one
+-- round trip.
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] record
 -- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] fingerprint (64 hex)
 -- While the request runs, its fingerprint is a field of the lock beside the
@@ -16,15 +17,11 @@ if head ~= '' then
 	end
 	return redis.call('GET', KEYS[3])
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-	return take(KEYS[1], ARGV[1], ARGV[2], KEYS[2], 'fp:' .. ARGV[1], ARGV[3])
-end
-local mine = redis.call('HGET', KEYS[1], ARGV[1])
-if type(mine) == 'string' then
-	-- Our own begin again (a retry whose reply was lost): succeed with the
-	-- token issued the first time.
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	return mine
+-- Our own begin again (a retry whose reply was lost) succeeds with the
+-- token issued the first time (acquire, in take.lua).
+local fence = acquire(KEYS[1], ARGV[1], ARGV[2], KEYS[2], 'fp:' .. ARGV[1], ARGV[3])
+if fence then
+	return fence
 end
 -- Another request holds the key: the same one (409) or another (422).
 local fields = redis.call('HGETALL', KEYS[1])

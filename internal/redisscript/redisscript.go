@@ -19,8 +19,10 @@ import (
 // TakeLua is the Lua that takes a lock and issues its fencing token, for the
 // scripts that take one in the same round trip as their own work (lock's
 // acquire.lua, record's begin.lua): prefix their source with it and call
-// take(lock_key, token, lease_ms, counter_key), which returns the fencing
-// token or an error reply.
+// acquire(lock_key, token, lease_ms, counter_key[, field, value]), which
+// takes the lock when it is free, or renews it when token holds it already
+// (a retried acquire), and returns the fencing token, an error reply, or nil
+// when another holder has the lock.
 //
 //go:embed take.lua
 var TakeLua string

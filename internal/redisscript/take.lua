@@ -1,5 +1,5 @@
--- Shared by the scripts that take a lock (acquire.lua here, and the scripts
--- of other packages that take one in the same step as their own work): the
+-- Shared by the scripts that take a lock (lock's acquire.lua, and record's
+-- begin.lua, which takes one in the same step as its own work): the
 -- script's source starts with this file.
 
 -- issue_fence returns the next fencing token of the counter: the server clock
@@ -47,4 +47,21 @@ local function take(lock, token, ttl, counter, field, value)
 		return ok
 	end
 	return fence
+end
+
+-- acquire takes the lock for token when it is free (take), or, when token
+-- holds it already (a retry whose first reply was lost), renews its lease
+-- and returns the fencing token issued the first time, never a second one.
+-- It returns nil when another holder has the lock, which the script answers
+-- in its own way.
+local function acquire(lock, token, ttl, counter, field, value)
+	if redis.call('EXISTS', lock) == 0 then
+		return take(lock, token, ttl, counter, field, value)
+	end
+	local mine = redis.call('HGET', lock, token)
+	if type(mine) == 'string' then
+		redis.call('PEXPIRE', lock, ttl)
+		return mine
+	end
+	return nil
 end
