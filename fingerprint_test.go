@@ -1,0 +1,42 @@
+package redislock
+
+// The request fingerprint in idempotency mode: a key reused for another
+// body, path, query or method is 422, while its request runs and after.
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+)
+
+func TestIdempotencyMismatch(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := chargeBackend(t)
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), storedAnswers()), siteOptions{})
+
+	inFlight := make(chan *response, 1)
+	go func() {
+		r, _ := s.send(context.Background(), "POST", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k")
+		inFlight <- r
+	}()
+	be.waitEntered(t, 10*time.Second)
+	// In progress: another body, path or method with the key is 422.
+	for _, req := range [][2]string{{"/pay/slow", `{"amount":2}`}, {"/pay/other", `{"amount":1}`}} {
+		expectProblem(t, s.do("POST", req[0], req[1], "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
+	}
+	// The same request meanwhile is 409 with Retry-After.
+	r := s.do("POST", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k")
+	expectProblem(t, r, http.StatusConflict)
+	retryAfter(t, r)
+	if r := <-inFlight; r == nil || r.Status != 200 {
+		t.Fatalf("first request: %v", r)
+	}
+	// Completed: still 422 for another request with the key.
+	expectProblem(t, s.do("PUT", "/pay/slow", `{"amount":1}`, "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
+	expectProblem(t, s.do("POST", "/pay/slow?x=1", `{"amount":1}`, "Idempotency-Key", "k"), http.StatusUnprocessableEntity)
+	if n := be.executions("k"); n != 1 {
+		t.Fatalf("backend ran k %d times, want once", n)
+	}
+}
