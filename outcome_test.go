@@ -1,8 +1,11 @@
 package redislock
 
-// Idempotency mode through Caddy against real redis-server: stored
-// responses, their replay, the outcomes that are and are not stored, and
-// what a replay looks like to a new client.
+// Outcomes in idempotency mode: which answers are stored (every answer of
+// the backend but the statuses that say "not processed"), none when the
+// backend was never reached, outcome-unknown when it was reached and never
+// answered (a timeout, a reset, a backend that hangs after its client
+// left), not-replayable when the answer cannot be stored, and an answer
+// stored for a client that gave up.
 
 import (
 	"context"
@@ -104,6 +107,43 @@ func TestIdempotencyOutcomeUnknown(t *testing.T) {
 	}
 }
 
+// A client that left does not cancel its request, but a backend that hangs
+// does not hold the key for ever either: a lease after the client went away
+// the request ends, and its outcome is unknown.
+func TestIdempotencyClientGoneBackendHangs(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := chargeBackend(t)
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), idempotent()), siteOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	left := time.Now()
+	if _, err := s.send(ctx, "POST", "/pay/hang", `{}`, "Idempotency-Key", "hung"); err == nil {
+		t.Fatal("an answer from a backend that hangs")
+	}
+	entered := be.waitEntered(t, 5*time.Second)
+	select {
+	case <-entered.Ctx.Done():
+		if d := time.Since(left); d < 900*time.Millisecond || d > 3*time.Second {
+			t.Errorf("backend request ended %v after the client left, want about the 1s lease", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend request still runs 5s after its client left")
+	}
+	var r *response
+	redistest.Eventually(t, 5*time.Second, "the stored outcome", func() bool {
+		r = s.do("POST", "/pay/hang", `{}`, "Idempotency-Key", "hung")
+		return r.Status != http.StatusConflict
+	})
+	p := expectProblem(t, r, http.StatusBadGateway)
+	if !strings.HasSuffix(p.Type, "#outcome-unknown") || r.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("retry: %s", r)
+	}
+	if n := be.executions("hung"); n != 1 {
+		t.Fatalf("backend ran %d times", n)
+	}
+}
+
 // Completed without a body: too large, streamed, HEAD. A duplicate gets a
 // problem that says so, never a second run, and not a status that clients
 // retry.
@@ -161,42 +201,5 @@ func TestIdempotencyOutlivesClient(t *testing.T) {
 	}
 	if n := be.executions("impatient"); n != 1 {
 		t.Fatalf("backend ran %d times, want once", n)
-	}
-}
-
-// A client that left does not cancel its request, but a backend that hangs
-// does not hold the key for ever either: a lease after the client went away
-// the request ends, and its outcome is unknown.
-func TestIdempotencyClientGoneBackendHangs(t *testing.T) {
-	t.Parallel()
-	srv, _ := newRedis(t)
-	be := chargeBackend(t)
-	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("ttl 1s"), idempotent()), siteOptions{})
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	left := time.Now()
-	if _, err := s.send(ctx, "POST", "/pay/hang", `{}`, "Idempotency-Key", "hung"); err == nil {
-		t.Fatal("an answer from a backend that hangs")
-	}
-	entered := be.waitEntered(t, 5*time.Second)
-	select {
-	case <-entered.Ctx.Done():
-		if d := time.Since(left); d < 900*time.Millisecond || d > 3*time.Second {
-			t.Errorf("backend request ended %v after the client left, want about the 1s lease", d)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend request still runs 5s after its client left")
-	}
-	var r *response
-	redistest.Eventually(t, 5*time.Second, "the stored outcome", func() bool {
-		r = s.do("POST", "/pay/hang", `{}`, "Idempotency-Key", "hung")
-		return r.Status != http.StatusConflict
-	})
-	p := expectProblem(t, r, http.StatusBadGateway)
-	if !strings.HasSuffix(p.Type, "#outcome-unknown") || r.Header.Get(replayedHeader) != "true" {
-		t.Fatalf("retry: %s", r)
-	}
-	if n := be.executions("hung"); n != 1 {
-		t.Fatalf("backend ran %d times", n)
 	}
 }
