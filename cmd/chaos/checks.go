@@ -81,12 +81,22 @@ func (w windows) rerunExcused(delivered, start time.Time) string {
 		return "re-runs after an empty restart"
 	}
 	for _, f := range w.outages {
-		if !delivered.Before(f.Start) && !delivered.After(f.Return) &&
-			!start.Before(f.Return) && start.Before(f.Return.Add(w.tryInterval)) {
+		if !delivered.Before(f.Start) && !delivered.After(f.Return) && w.afterReturn(f, start) {
 			return whyTryInterval
 		}
 	}
 	return ""
+}
+
+// afterReturn says whether t is within a try's interval of Redis's return
+// from outage f: from when it could answer again to a try's interval after
+// it did.
+func (w windows) afterReturn(f faultEvent, t time.Time) bool {
+	back := f.Back
+	if back.IsZero() {
+		back = f.Return
+	}
+	return !t.Before(back) && t.Before(f.Return.Add(w.tryInterval))
 }
 
 // emptyCovers says whether t is in an empty restart's window.
@@ -310,7 +320,7 @@ func check(rec runRecord) ([]violation, excusals) {
 				excused.Counts[why]++
 				if why == whyTryInterval {
 					for _, f := range w.outages {
-						if !b.Start.Before(f.Return) && b.Start.Before(f.Return.Add(w.tryInterval)) {
+						if w.afterReturn(f, b.Start) {
 							excused.Details = append(excused.Details, fmt.Sprintf("%s of key %s (node %d) began %v after Redis's return from %s at %s",
 								b.ID, k, b.Node, b.Start.Sub(f.Return).Round(time.Millisecond), f.Kind, at(f.Return)))
 						}

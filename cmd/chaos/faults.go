@@ -58,6 +58,10 @@ type faultEvent struct {
 	Node   int
 	Start  time.Time // the signal, or the reload's start
 	Return time.Time // Redis answers again, the node listens again, the reload returned
+	// Back is when Redis could first answer again: SIGCONT or the restart
+	// was about to be sent (a node may reach the new server before Restart
+	// has returned); zero for node faults.
+	Back   time.Time
 	Detail string
 	Err    string
 }
@@ -116,6 +120,7 @@ func (in *injector) pause(ev *faultEvent) error {
 		return err
 	}
 	time.Sleep(in.outage())
+	ev.Back = time.Now()
 	err := in.redis.Resume()
 	ev.Return = time.Now()
 	ev.Detail = fmt.Sprintf("paused %v, %d executions in flight at the pause", ev.Return.Sub(ev.Start).Round(time.Millisecond), before)
@@ -134,6 +139,7 @@ func (in *injector) killRedis(ev *faultEvent, empty bool) error {
 	} else {
 		time.Sleep(in.outage())
 	}
+	ev.Back = time.Now()
 	err := in.redis.Restart()
 	ev.Return = time.Now()
 	ev.Detail = fmt.Sprintf("down %v, keys %d before, %d after the restart",
