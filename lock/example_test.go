@@ -138,3 +138,32 @@ func ExampleLocker() {
 	var locker lock.Locker = lock.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}), nil)
 	_ = locker
 }
+
+func ExampleNewRedlock() {
+	// One client per master, an odd number of them (at least 3); the
+	// addresses name the masters in errors.
+	addrs := []string{"10.0.2.1:6379", "10.0.2.2:6379", "10.0.2.3:6379"}
+	clients := make([]redis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		clients[i] = redis.NewClient(&redis.Options{Addr: a, ContextTimeoutEnabled: true, MaxRetries: 1})
+	}
+	rl, err := lock.NewRedlock(clients, addrs)
+	if err != nil {
+		fmt.Println("redlock:", err) // an even number of masters, or fewer than 3
+		return
+	}
+	locks := lock.NewWithBackend(rl, &lock.Config{CallTimeout: time.Second})
+	ctx := context.Background()
+	l, err := locks.Acquire(ctx, lock.Key(lock.DefaultPrefix, "orders", "order-42"), lock.Options{TTL: 10 * time.Second})
+	var ne *lock.NodeError
+	switch {
+	case errors.Is(err, lock.ErrUnavailable) && errors.As(err, &ne):
+		fmt.Println("no majority; first failed master:", ne.Node)
+		return
+	case err != nil:
+		fmt.Println("acquire:", err)
+		return
+	}
+	defer l.Release(ctx)
+	fmt.Println("held on a majority of", len(rl.Nodes()), "masters; fence:", l.Fence())
+}
