@@ -40,10 +40,10 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	ctx := context.WithoutCancel(r.Context())
 	start := time.Now()
 	h.client.hold()
-	lk, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
+	pending, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.serveRecorded(w, r, next, repl, lk, fingerprint)
+		return h.serveRecorded(w, r, next, repl, pending)
 	}
 	h.client.done()
 	var done *record.CompletedError
@@ -64,7 +64,8 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 
 // serveRecorded runs a new request with its record in progress, and stores
 // its outcome (or gives the record up) before the response completes.
-func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock, fingerprint string) error {
+func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, pending *record.Pending) error {
+	lk := pending.Lock
 	q := h.hold(w, r, repl, lk)
 	rec := newRecordingWriter(q.hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead)
 	// store stores resp (nil: gives the record up) and releases the lock,
@@ -72,7 +73,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	store := func(resp *record.Response, lost bool) {
 		q.giveBack(func(done func()) {
 			if resp == nil {
-				err := h.store.Abandon(r.Context(), lk)
+				err := pending.Abandon(r.Context())
 				observeRelease(err)
 				done()
 				if err != nil && !errors.Is(err, lock.ErrNotHeld) {
@@ -80,7 +81,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 				}
 				return
 			}
-			h.complete(r.Context(), lk, fingerprint, resp, lost, done)
+			h.complete(r.Context(), pending, resp, lost, done)
 		})
 	}
 	// A panic is an answer that broke off or never came: sent, not
@@ -149,19 +150,19 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	return q.close(nextErr)
 }
 
-// complete stores resp as the outcome of lk's request. When Redis does not
+// complete stores resp as the outcome of p's request. When Redis does not
 // answer, it tries again in the background until the lease has passed once
 // more, so that a retry that comes once Redis is back finds the outcome
 // (complete.lua still writes it while no other request has the key). A lost
 // lock's answer is due at once: its outcome is stored in the background
 // from the first attempt.
-func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *record.Response, lost bool, done func()) {
+func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, done func()) {
 	retention := time.Duration(h.Idempotency.Retention)
 	err := lock.ErrUnavailable
 	if !lost {
-		err = h.store.Complete(ctx, lk, fingerprint, resp, retention)
+		err = p.Complete(ctx, resp, retention)
 	} else {
-		lk.Stop()
+		p.Stop()
 	}
 	if errors.Is(err, lock.ErrUnavailable) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
@@ -169,16 +170,16 @@ func (h *Handler) complete(ctx context.Context, lk *lock.Lock, fingerprint strin
 			deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
 			for wait := time.Duration(0); errors.Is(err, lock.ErrUnavailable) && time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
 				time.Sleep(wait)
-				err = h.store.Complete(ctx, lk, fingerprint, resp, retention)
+				err = p.Complete(ctx, resp, retention)
 			}
-			h.stored(lk, resp, err)
+			h.stored(p.Lock, resp, err)
 		})
 		if started {
 			return
 		}
 	}
 	done()
-	h.stored(lk, resp, err)
+	h.stored(p.Lock, resp, err)
 }
 
 // completeRetryFor is how long an outcome is tried again in the background

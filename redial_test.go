@@ -64,7 +64,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 		var slowest time.Duration
 		for range 3 * poolSize {
 			start := time.Now()
-			if err := store.Complete(ctx, lk, fingerprint, resp, time.Hour); !errors.Is(err, lock.ErrUnavailable) {
+			if err := lk.Complete(ctx, resp, time.Hour); !errors.Is(err, lock.ErrUnavailable) {
 				t.Fatalf("trial %d: Complete with Redis down: %v, want ErrUnavailable", trial, err)
 			}
 			slowest = max(slowest, time.Since(start))
@@ -80,7 +80,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 		}
 		up := time.Now()
 		for {
-			err := store.Complete(ctx, lk, fingerprint, resp, time.Hour)
+			err := lk.Complete(ctx, resp, time.Hour)
 			if err == nil {
 				break
 			}

@@ -116,7 +116,7 @@ func (r *recordStore) execute(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	return r.s.Complete(ctx, lk, fingerprint, answer, retention)
+	return lk.Complete(ctx, answer, retention)
 }
 
 func (r *recordStore) replay(ctx context.Context, key string) error {

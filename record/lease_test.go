@@ -47,7 +47,7 @@ func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
 		t.Fatalf("a request after the stale holder's lease: %v", err)
 	}
 	cmds.Take()
-	if err := s.Complete(ctx, stale, fp("a"), okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
+	if err := stale.Complete(ctx, okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
 		t.Fatalf("the stale holder's retried Complete: %v, want ErrNotStored", err)
 	}
 	if sent, _ := cmds.Take(); !slices.Contains(sent, "evalsha") || slices.Contains(sent, "set") {
@@ -56,7 +56,7 @@ func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
 	if n := rdb.Exists(ctx, Key(key)).Val(); n != 0 {
 		t.Fatal("the stale holder's answer was stored while a later request runs")
 	}
-	if err := s.Complete(ctx, later, fp("a"), laterResponse, time.Hour); err != nil {
+	if err := later.Complete(ctx, laterResponse, time.Hour); err != nil {
 		t.Fatalf("the later request's Complete: %v", err)
 	}
 	var done *CompletedError
@@ -88,13 +88,13 @@ func TestCompleteNearLeaseDeadlineIsChecked(t *testing.T) {
 		t.Fatalf("the local deadline passed already (%v): the test is too slow to say anything", left)
 	}
 	cmds.Take()
-	if err := s.Complete(ctx, near, fp("a"), okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
+	if err := near.Complete(ctx, okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
 		t.Fatalf("Complete within a call of the deadline: %v, want ErrNotStored", err)
 	}
 	if sent, _ := cmds.Take(); !slices.Contains(sent, "evalsha") || slices.Contains(sent, "set") {
 		t.Fatalf("Complete within a call of the deadline sent %v, want complete.lua", sent)
 	}
-	if err := s.Complete(ctx, later, fp("a"), laterResponse, time.Hour); err != nil {
+	if err := later.Complete(ctx, laterResponse, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if sent, _ := cmds.Take(); !slices.Contains(sent, "set") || !slices.Contains(sent, "hdel") || slices.Contains(sent, "evalsha") {

@@ -58,7 +58,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				if err != nil {
 					return fmt.Errorf("Begin of a new key: %w", err)
 				}
-				return s.Complete(ctx, lk, fp("a"), okResponse, time.Hour)
+				return lk.Complete(ctx, okResponse, time.Hour)
 			}
 			replay := func(k string) error {
 				var done *CompletedError
@@ -72,7 +72,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				if err != nil {
 					return fmt.Errorf("Begin of a new key: %w", err)
 				}
-				return s.Abandon(ctx, lk)
+				return lk.Abandon(ctx)
 			}
 
 			// Warm-up: open the connection and load the scripts.

@@ -65,53 +65,70 @@ func NewStore(c *lock.Client) (*Store, error) {
 	return nil, fmt.Errorf("record: a Store needs a lock.Client on Redis or Redlock, not %T", c.Backend())
 }
 
+// Pending is a request that runs with its record in progress: its held
+// lock, and the fingerprint that its outcome is stored with. It is what
+// Begin gives and what Complete or Abandon ends.
+type Pending struct {
+	*lock.Lock
+	store       *Store
+	fingerprint string
+}
+
 // Begin starts the request with fingerprint under key (a lock key), in one
-// round trip. When the request is new, it returns the held lock, the
-// record now in progress beside it. Otherwise it returns a *CompletedError
+// round trip. When the request is new, it returns it Pending: the lock
+// held, the record now in progress beside it. Otherwise it returns a *CompletedError
 // with the stored response, ErrMismatch when the key's record has another
 // fingerprint, or a *lock.NotObtainedError while another request with the
 // same fingerprint is in progress (after opt.Wait, during which a
 // completion ends the wait with its response). fingerprint is 64 hex
 // digits (a SHA-256).
-func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Options) (*lock.Lock, error) {
+func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Options) (*Pending, error) {
 	if len(fingerprint) != fingerprintLen {
 		return nil, fmt.Errorf("record: fingerprint of %d characters, want %d", len(fingerprint), fingerprintLen)
 	}
+	var b lock.Backend
 	if len(s.nodes) == 1 {
-		return s.c.AcquireWith(ctx, &begin{node: s.nodes[0], fingerprint: fingerprint}, key, opt)
+		b = &begin{node: s.nodes[0], fingerprint: fingerprint}
+	} else {
+		nodes := make([]lock.Master, len(s.nodes))
+		for i, n := range s.nodes {
+			nodes[i] = &begin{node: n, fingerprint: fingerprint}
+		}
+		rl, err := lock.NewRedlockOf(nodes, s.names)
+		if err != nil {
+			return nil, err
+		}
+		b = rl
 	}
-	nodes := make([]lock.Master, len(s.nodes))
-	for i, n := range s.nodes {
-		nodes[i] = &begin{node: n, fingerprint: fingerprint}
-	}
-	rl, err := lock.NewRedlockOf(nodes, s.names)
+	lk, err := s.c.AcquireWith(ctx, b, key, opt)
 	if err != nil {
 		return nil, err
 	}
-	return s.c.AcquireWith(ctx, rl, key, opt)
+	return &Pending{Lock: lk, store: s, fingerprint: fingerprint}, nil
 }
 
-// Complete stores resp as the outcome of lk's request for retention and
-// releases lk; lk's keep-alive stops first. Like a release it runs detached
+// Complete stores resp as the outcome of p's request for retention and
+// releases p's lock; its keep-alive stops first. Like a release it runs detached
 // from ctx's cancellation, bounded by the Client's ReleaseTimeout. It returns
 // ErrNotStored when the outcome was not stored: another was stored first,
-// or lk's lease ran out and another request has taken the key since (a
+// or p's lease ran out and another request has taken the key since (a
 // holder whose lease ran out never overwrites or pre-empts a later one's).
 // It returns an ErrUnavailable error when Redis did not answer.
 //
-// While lk is held it is two native commands sent together, no script:
+// While p is held it is two native commands sent together, no script:
 // SET NX GET stores the record unless one exists, then HDEL releases the
 // lock's token and fingerprint. In that order a request that begins between
 // them finds the record, and a Complete retried after a lost reply finds
-// its own record and counts it as stored. Once lk may be lost (see
+// its own record and counts it as stored. Once p may be lost (see
 // mayBeLost), a script checks that no other request holds the key first
-// (complete.lua). Complete may be called again with the same lk after an
-// ErrUnavailable error: each call decides anew.
-func (s *Store) Complete(ctx context.Context, lk *lock.Lock, fingerprint string, resp *Response, retention time.Duration) error {
+// (complete.lua). Complete may be called again after an ErrUnavailable
+// error: each call decides anew.
+func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
+	s, lk := p.store, p.Lock
 	lost := s.mayBeLost(lk)
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
-	value := encode(fingerprint, resp)
+	value := encode(p.fingerprint, resp)
 	if len(s.nodes) == 1 {
 		defer cancel()
 		stored, err := s.completeOn(rctx, 0, lk, value, retention, lost)
@@ -192,10 +209,10 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 // token's request while it runs.
 func fingerprintField(token string) string { return "fp:" + token }
 
-// Abandon gives up lk's request with nothing to keep (the backend was never
+// Abandon gives up p's request with nothing to keep (the backend was never
 // reached, or answered "try again"): the lock and the fingerprint in it are
-// released, so that a retry runs. It is lk.Release.
-func (s *Store) Abandon(ctx context.Context, lk *lock.Lock) error { return lk.Release(ctx) }
+// released, so that a retry runs. It is Release.
+func (p *Pending) Abandon(ctx context.Context) error { return p.Release(ctx) }
 
 // begin is the Backend of one Begin on one Redis: the lock taken with the
 // record, and refreshed and released with it.

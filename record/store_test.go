@@ -75,7 +75,7 @@ func TestBeginCompleteReplay(t *testing.T) {
 		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
 	}
 
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Hour); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(context.Cause(lk.Context()), lock.ErrReleased) {
@@ -109,7 +109,7 @@ func TestBeginWaitEndsWithCompletion(t *testing.T) {
 	}
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		_ = s.Complete(context.Background(), lk, fp("a"), okResponse, time.Minute)
+		_ = lk.Complete(context.Background(), okResponse, time.Minute)
 	}()
 	start := time.Now()
 	_, err = s.Begin(ctx, key, fp("a"), lock.Options{Wait: 5 * time.Second})
@@ -131,7 +131,7 @@ func TestAbandonLetsRetryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Abandon(ctx, lk); err != nil {
+	if err := lk.Abandon(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
@@ -164,7 +164,7 @@ func TestRefreshKeepsRecord(t *testing.T) {
 	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint after two leases: %v, want ErrMismatch", err)
 	}
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -183,7 +183,7 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 	}
 	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key, Key(key)).Val() == 0 })
 	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return lk.Context().Err() != nil })
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
 		t.Fatalf("late completion with the key free: %v, want stored", err)
 	}
 	var done *CompletedError
@@ -202,7 +202,7 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, old, fp("a"), &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
+	if err := old.Complete(ctx, &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
 		t.Fatalf("late completion over a newer holder: %v, want ErrNotStored", err)
 	}
 	if rdb.Exists(ctx, Key(key)).Val() != 0 {
@@ -354,7 +354,7 @@ func TestRedlockRecords(t *testing.T) {
 	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
 	}
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	// Complete returns once a majority has it; the last master follows.
@@ -392,13 +392,13 @@ func TestCompleteRetryCountsAsStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
 		t.Fatalf("second Complete of the same outcome: %v, want stored", err)
 	}
-	if err := s.Complete(ctx, lk, fp("a"), &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
+	if err := lk.Complete(ctx, &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
 		t.Fatalf("Complete of another outcome over a stored one: %v, want ErrNotStored", err)
 	}
 }
@@ -414,7 +414,7 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, lk, fp("a"), okResponse, time.Minute); err != nil {
+	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for i, m := range masters {

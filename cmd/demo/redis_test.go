@@ -129,7 +129,7 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	}
 	resp := &record.Response{Outcome: record.Replayable, Status: 200,
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
-	if err := store.Complete(ctx, lk, fp("charge"), resp, 400*time.Millisecond); err != nil {
+	if err := lk.Complete(ctx, resp, 400*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil { // the next begin must fall back to EVAL
@@ -156,7 +156,7 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// Given up (the backend never reached): the record goes, a retry runs.
-	if err := store.Abandon(ctx, lk); err != nil {
+	if err := lk.Abandon(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, record.Key(key)).Val(); n != 0 {
@@ -166,7 +166,7 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("begin after Abandon: %v", err)
 	}
-	if err := store.Abandon(ctx, again); err != nil {
+	if err := again.Abandon(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
