@@ -44,6 +44,7 @@ type scenario struct {
 	MaxGap      time.Duration
 	Bin         string // a Caddy binary with the plugin; empty: build one
 	Keep        bool   // keep the work directory (logs, Redis data)
+	Discard     bool   // remove it even after a violation (kept by default then)
 }
 
 // fullScenario is `make chaos`: about two minutes, twelve faults.
@@ -115,7 +116,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 	o := &outcome{Scenario: sc, Dir: dir}
 	defer func() {
-		if !sc.Keep && len(o.Violations) == 0 {
+		if sc.Discard || (!sc.Keep && len(o.Violations) == 0) {
 			os.RemoveAll(dir)
 		}
 	}()
@@ -297,7 +298,7 @@ func writeSummary(w io.Writer, o *outcome) {
 		}
 		fmt.Fprintf(w, "    [%s] key %s: %s\n", v.Check, v.Key, v.Detail)
 	}
-	if len(o.Violations) > 0 {
+	if sc := o.Scenario; sc.Keep || (len(o.Violations) > 0 && !sc.Discard) {
 		fmt.Fprintf(w, "  node logs and Redis data kept in %s\n", o.Dir)
 	}
 }
