@@ -62,13 +62,25 @@ type siteOptions struct {
 // all) and keeps the process-wide Caddy until it ends.
 func startCaddySite(t *testing.T, body string, opt siteOptions) *caddySite {
 	t.Helper()
-	port := mustFreePort(t)
+	return startCaddySites(t, opt, body)[0]
+}
+
+// startCaddySites is startCaddySite with a site per body, each on its own
+// port, in one config: nodes of one deployment, in one process.
+func startCaddySites(t *testing.T, opt siteOptions, bodies ...string) []*caddySite {
+	t.Helper()
 	admin := "admin off"
 	adminURL := ""
 	if opt.admin {
 		ap := mustFreePort(t)
 		admin = fmt.Sprintf("admin 127.0.0.1:%d", ap)
 		adminURL = fmt.Sprintf("http://127.0.0.1:%d", ap)
+	}
+	ports := make([]int, len(bodies))
+	var sites strings.Builder
+	for i, body := range bodies {
+		ports[i] = mustFreePort(t)
+		fmt.Fprintf(&sites, "\nhttp://127.0.0.1:%d {\n%s\n}\n", ports[i], body)
 	}
 	storage := t.TempDir()
 	cf := fmt.Sprintf(`{
@@ -83,11 +95,7 @@ func startCaddySite(t *testing.T, body string, opt siteOptions) *caddySite {
 	}
 %s
 }
-
-http://127.0.0.1:%d {
-%s
-}
-`, admin, storage, opt.global, port, body)
+%s`, admin, storage, opt.global, sites.String())
 
 	caddyMu.Lock()
 	t.Cleanup(func() {
@@ -97,15 +105,18 @@ http://127.0.0.1:%d {
 		caddyMu.Unlock()
 	})
 	loadCaddyfile(t, cf)
-	s := &caddySite{
-		t:         t,
-		URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
-		AdminURL:  adminURL,
-		caddyfile: cf,
-		client:    &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+	out := make([]*caddySite, len(ports))
+	for i, port := range ports {
+		out[i] = &caddySite{
+			t:         t,
+			URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
+			AdminURL:  adminURL,
+			caddyfile: cf,
+			client:    &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		}
+		t.Cleanup(out[i].client.CloseIdleConnections)
 	}
-	t.Cleanup(s.client.CloseIdleConnections)
-	return s
+	return out
 }
 
 // paySite is the body of a test site with one locked route, /pay* keyed by

@@ -18,52 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
-
-// startCaddySites loads one Caddy config with a site per body, each on its
-// own port: nodes of one deployment, in one process. As startCaddySite.
-func startCaddySites(t *testing.T, bodies ...string) []*caddySite {
-	t.Helper()
-	ports := make([]int, len(bodies))
-	var sites strings.Builder
-	for i, body := range bodies {
-		ports[i] = mustFreePort(t)
-		fmt.Fprintf(&sites, "http://127.0.0.1:%d {\n%s\n}\n\n", ports[i], body)
-	}
-	cf := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	auto_https off
-	skip_install_trust
-	grace_period 1s
-	storage file_system %s
-	log {
-		level WARN
-	}
-}
-
-%s`, t.TempDir(), sites.String())
-	caddyMu.Lock()
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Logf("caddy.Stop: %v", err)
-		}
-		caddyMu.Unlock()
-	})
-	loadCaddyfile(t, cf)
-	out := make([]*caddySite, len(bodies))
-	for i, p := range ports {
-		out[i] = &caddySite{t: t, URL: fmt.Sprintf("http://127.0.0.1:%d", p), caddyfile: cf,
-			client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}}
-		t.Cleanup(out[i].client.CloseIdleConnections)
-	}
-	return out
-}
 
 // TestStaleHolderNeverStoresOverLaterRun: node A's charge is answered while
 // Redis is down, and its completion is retried in the background. Redis
@@ -116,7 +74,7 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	}
 	reverse_proxy %s`, redisAddr, be.hostPort())
 	}
-	sites := startCaddySites(t, node(gateA.Addr), node(srv.Addr))
+	sites := startCaddySites(t, siteOptions{}, node(gateA.Addr), node(srv.Addr))
 	a, b := sites[0], sites[1]
 	const key, body = "order-stale", `{"amount":1299}`
 	lockKey := lock.Key(DefaultPrefix, "", key)
