@@ -32,6 +32,15 @@
 #                           to the VM's host (steal) is run again, up to 3x
 #                           rounds in all (default 5)
 #   LOADTEST_STRICT=1       exit non-zero when a ratio is below its target
+#   LOADTEST_LATENCY_RATES  constant request rates of the latency runs
+#                           (default 100,500; "" skips them)
+#   LOADTEST_LATENCY_DURATION, LOADTEST_LATENCY_ROUNDS
+#                           length of one latency run (default 10s) and
+#                           rounds (default 3)
+#
+# After the throughput rounds, bench/latency runs an open-loop load at each
+# constant rate against the plain, locked and idem sites (vegeta), and
+# prints p50, p90 and p99 with their ratios to plain in the same round.
 #
 # Exits non-zero when a locked, idem or replay run answered anything but 2xx
 # or had socket errors (with a distinct key per request nothing may
@@ -372,6 +381,14 @@ awk '
 echo "Redis memory per stored answer (${answer_bytes}-byte JSON and its headers as Caddy stores them, $replay_keys records):"
 echo "  used_memory $(((mem1 - mem0) / replay_keys)) bytes/record; one record: value $record_bytes bytes, MEMORY USAGE $record_usage bytes"
 echo "Redis after the test: $keys lock keys left, $(rcli dbsize) keys (records and fencing counters)"
+
+latency_rates=${LOADTEST_LATENCY_RATES-100,500}
+if [ -n "$latency_rates" ]; then
+	echo
+	echo "== latency at a constant rate (open loop, a new Idempotency-Key per request)"
+	(cd bench && go run ./latency -plain "${url[plain]}" -locked "${url[locked]}" -idem "${url[idem]}" \
+		-rates "$latency_rates" -duration "${LOADTEST_LATENCY_DURATION:-10s}" -rounds "${LOADTEST_LATENCY_ROUNDS:-3}") || bad=1
+fi
 
 if [ "$bad" != 0 ]; then
 	echo "FAIL: locked, idem or replay runs answered non-2xx, had socket errors, or ran instead of replaying" >&2

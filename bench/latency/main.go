@@ -1,0 +1,130 @@
+// Command latency measures the latency that redis_lock adds at a constant
+// request rate: an open-loop load (vegeta's attacker, which sends on
+// schedule whether or not earlier answers came, as real clients do) against
+// a plain reverse_proxy site, a redis_lock site and an idempotency site of
+// one Caddy, in alternating order, round after round, at each rate. It
+// prints p50, p90 and p99 of each route with its ratio to plain in the same
+// round (medians over the rounds), so that the machine's drift cancels out.
+//
+//	go run ./latency -plain URL -locked URL -idem URL [-rates 100,500] [-duration 10s] [-rounds 3]
+//
+// Every request is a POST with a JSON body and an Idempotency-Key of its
+// own: the lock and the record are taken and given back each time.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+func main() {
+	plain := flag.String("plain", "", "URL of the plain reverse_proxy site")
+	locked := flag.String("locked", "", "URL of the redis_lock site")
+	idem := flag.String("idem", "", "URL of the redis_lock + idempotency site")
+	rates := flag.String("rates", "100,500", "request rates per second, comma-separated")
+	duration := flag.Duration("duration", 10*time.Second, "length of one run")
+	rounds := flag.Int("rounds", 3, "rounds: each runs every route at every rate once")
+	flag.Parse()
+	if *plain == "" || *locked == "" || *idem == "" {
+		fmt.Fprintln(os.Stderr, "latency: -plain, -locked and -idem are required")
+		os.Exit(2)
+	}
+	routes := []route{{"plain", *plain}, {"lock", *locked}, {"idempotency", *idem}}
+	var rs []int
+	for _, f := range strings.Split(*rates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "latency: bad rate %q\n", f)
+			os.Exit(2)
+		}
+		rs = append(rs, n)
+	}
+
+	failed := false
+	for _, rate := range rs {
+		var ratios [3][3][]float64   // route, quantile: per-round ratio to plain
+		var absolute [3][3][]float64 // route, quantile: ms
+		for round := 0; round < *rounds; round++ {
+			var q [3][3]time.Duration
+			for i := range routes {
+				// Alternate the order so that no route always goes first.
+				k := (i + round) % len(routes)
+				m := attack(routes[k], rate, *duration, round)
+				if m.Success < 1 {
+					fmt.Fprintf(os.Stderr, "latency: %s at %d/s: success %.4f, status codes %v, errors %v\n",
+						routes[k].name, rate, m.Success, m.StatusCodes, m.Errors)
+					failed = true
+				}
+				q[k] = [3]time.Duration{m.Latencies.P50, m.Latencies.P90, m.Latencies.P99}
+				fmt.Printf("rate %4d/s  round %d  %-12s p50 %7.3f ms  p90 %7.3f ms  p99 %7.3f ms\n",
+					rate, round+1, routes[k].name, ms(q[k][0]), ms(q[k][1]), ms(q[k][2]))
+			}
+			for k := range routes {
+				for j := range 3 {
+					absolute[k][j] = append(absolute[k][j], ms(q[k][j]))
+					ratios[k][j] = append(ratios[k][j], float64(q[k][j])/float64(q[0][j]))
+				}
+			}
+		}
+		fmt.Printf("\n== %d req/s, %s per run, medians of %d rounds\n", rate, *duration, *rounds)
+		fmt.Printf("%-12s %9s %9s %9s   %8s %8s %8s\n", "route", "p50 ms", "p90 ms", "p99 ms", "p50/plain", "p90/plain", "p99/plain")
+		for k, r := range routes {
+			fmt.Printf("%-12s %9.3f %9.3f %9.3f   %8.2f %9.2f %9.2f\n", r.name,
+				median(absolute[k][0]), median(absolute[k][1]), median(absolute[k][2]),
+				median(ratios[k][0]), median(ratios[k][1]), median(ratios[k][2]))
+		}
+		fmt.Println()
+	}
+	if failed {
+		fmt.Fprintln(os.Stderr, "latency: some requests failed (non-2xx answers or errors)")
+		os.Exit(1)
+	}
+}
+
+type route struct{ name, url string }
+
+var seq atomic.Int64
+
+// attack runs one open-loop load of rate requests per second on r for d.
+func attack(r route, rate int, d time.Duration, round int) vegeta.Metrics {
+	prefix := fmt.Sprintf("lat-%d-%d-%s-%d-", os.Getpid(), rate, r.name, round)
+	body := []byte(`{"amount":1299,"currency":"eur"}`)
+	targeter := func(t *vegeta.Target) error {
+		t.Method, t.URL, t.Body = http.MethodPost, r.url, body
+		t.Header = http.Header{
+			"Content-Type":    {"application/json"},
+			"Idempotency-Key": {prefix + strconv.FormatInt(seq.Add(1), 10)},
+		}
+		return nil
+	}
+	attacker := vegeta.NewAttacker(vegeta.KeepAlive(true), vegeta.Timeout(10*time.Second))
+	var m vegeta.Metrics
+	for res := range attacker.Attack(targeter, vegeta.Rate{Freq: rate, Per: time.Second}, d, r.name) {
+		m.Add(res)
+	}
+	m.Close()
+	return m
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
