@@ -167,8 +167,8 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 		q.abort()
 	case lost && h.LostLock == LostLockAbort:
 		// next's error is the cancellation this handler caused.
-		q.counted = true
-		return q.close(h.reject(q.hw, repl, resultLost, problemLockLost))
+		q.count(resultLost)
+		return q.close(h.writeProblem(q.hw, problemLockLost))
 	case once.stopped() && nextErr != nil && !q.hw.started:
 		// Written once, and the answer never came: whatever status
 		// reverse_proxy gives the stopped second sending, the outcome is
@@ -188,17 +188,6 @@ func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock)
 	if !h.FencingHeaderOff {
 		r.Header.Set(h.FencingHeader, strconv.FormatInt(lk.Fence(), 10))
 	}
-}
-
-// countPanicked counts a request whose next handler panicked: lost when its
-// lock was (cause), acquired otherwise.
-func (h *Handler) countPanicked(repl *caddy.Replacer, lk *lock.Lock, cause error) {
-	if errors.Is(cause, lock.ErrNotHeld) {
-		h.lockLost(lk, cause)
-		h.count(repl, resultLost)
-		return
-	}
-	h.count(repl, resultAcquired)
 }
 
 // lockLost logs and counts a lock lost while its request was in flight.

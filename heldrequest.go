@@ -66,8 +66,13 @@ func (q *heldRequest) recoverPanic(giveBack func(lost bool)) {
 	lost, cause := q.lost()
 	giveBack(lost)
 	q.hw.discard()
-	if !q.counted {
-		q.h.countPanicked(q.repl, q.lk, cause)
+	switch {
+	case q.counted:
+	case lost:
+		q.h.lockLost(q.lk, cause)
+		q.count(resultLost)
+	default:
+		q.count(resultAcquired)
 	}
 	panic(p)
 }
