@@ -175,12 +175,18 @@ func TestSentOnceOnResetConnection(t *testing.T) {
 			if r.Status != http.StatusBadGateway {
 				t.Fatalf("client got %s, want 502: the outcome is unknown", r)
 			}
-			if !c.idempotency {
+			// A body the handler did not read has no GetBody: the
+			// transport does not try again, and reverse_proxy's own 502
+			// stands. Every other case was stopped from a second sending.
+			if c.path == "/lock/body" {
 				return
 			}
 			p := expectProblem(t, r, http.StatusBadGateway)
 			if !strings.HasSuffix(p.Type, "#outcome-unknown") {
 				t.Fatalf("problem type %q, want outcome-unknown", p.Type)
+			}
+			if !c.idempotency {
+				return
 			}
 			// The retry gets the stored outcome, and the backend is not
 			// reached again.
