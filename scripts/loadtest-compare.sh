@@ -19,7 +19,7 @@
 # at each rate; the summary gives, per build, the medians of p50 and p99 and
 # of their ratios to plain in the same run.
 #
-# Knobs: LOADTEST_ROUNDS (default 8), LOADTEST_DURATION (10s),
+# Knobs: LOADTEST_ROUNDS (default 8; 0: latency only), LOADTEST_DURATION (10s),
 # LOADTEST_WARMUP (2s), LOADTEST_CONNECTIONS (64), LOADTEST_THREADS (CPUs),
 # LOADTEST_BODY_SIZE (100); LOADTEST_LATENCY_RATES (500; "" skips the
 # latency runs), LOADTEST_LATENCY_DURATION (10s), LOADTEST_LATENCY_ROUNDS (3).
@@ -136,7 +136,7 @@ for r in $(seq "$rounds"); do
 	done
 done
 
-echo "== summary: medians over $rounds rounds; this tree against $rev"
+((rounds > 0)) && echo "== summary: medians over $rounds rounds; this tree against $rev" &&
 awk '
 	{ rps[$1, $2, $3] = $4; n = ($1 > n) ? $1 : n }
 	function median(a, k,   i, j, t) {
