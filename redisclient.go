@@ -301,10 +301,7 @@ type asyncPipeliner interface {
 // per command (bench/README.md). The deferred face, because a command
 // queued in a pipeline is sent whatever its context says: the lock library
 // waits on each command's future and gives up at its own deadline
-// (lock.Config.CallTimeout). A call that overlaps no other is sent on rdb
-// itself (lock.NewRedisDirect): the autopipeliner's batching waits for
-// callers that a lone request does not have, which cost it a millisecond
-// and more (docs/design.md#round-trips).
+// (lock.Config.CallTimeout).
 func pipelined(rdb asyncPipeliner) (lock.Master, func() error, error) {
 	opt := redis.DefaultBlockingAutoPipelineOptions()
 	// A Redis that stops answering must not queue commands without end:
@@ -314,7 +311,7 @@ func pipelined(rdb asyncPipeliner) (lock.Master, func() error, error) {
 	if err != nil {
 		return nil, nil, errors.Join(err, rdb.Close())
 	}
-	return lock.NewRedisDirect(ap, rdb), func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
+	return lock.NewRedis(ap), func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
 }
 
 // closeAll closes each of closers.

@@ -26,14 +26,6 @@ func NewRedis(rdb redis.UniversalClient) *Redis {
 	return &Redis{conn: redisscript.NewConn(rdb)}
 }
 
-// NewRedisDirect is NewRedis of ap, a deferred autopipeliner of direct,
-// for the latency of a lone caller: a call made while no other call of the
-// backend is in flight is sent on direct, in one round trip; calls that
-// overlap share ap's batches.
-func NewRedisDirect(ap, direct redis.UniversalClient) *Redis {
-	return &Redis{conn: redisscript.NewConnDirect(ap, direct)}
-}
-
 // Package record runs its own scripts on the Conn of a *Redis.
 func init() {
 	redisscript.ConnOf = func(b any) *redisscript.Conn {

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -79,15 +78,6 @@ func ParseGrant(ctx context.Context, reply any, notObtained func(remaining time.
 type Conn struct {
 	rdb   redis.UniversalClient
 	async submitter // rdb as a deferred autopipeliner, else nil
-
-	// direct is the client beneath async. A call made while no other call
-	// of this Conn is in flight goes to it directly: one round trip with no
-	// hand-off to the autopipeliner's goroutines, whose batching waits
-	// (for the replies' callers to come back, for stragglers) a lone
-	// caller would pay in full. Calls that overlap one in flight share
-	// async's batches, so at most one call at a time is direct.
-	direct   redis.UniversalClient
-	inFlight atomic.Int64
 }
 
 // NewConn returns the Conn of rdb. A deferred autopipeliner
@@ -97,16 +87,6 @@ func NewConn(rdb redis.UniversalClient) *Conn {
 	c := &Conn{rdb: rdb}
 	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
 		c.async = s
-	}
-	return c
-}
-
-// NewConnDirect is NewConn of ap, a deferred autopipeliner of direct, with
-// a call that overlaps no other sent on direct itself.
-func NewConnDirect(ap, direct redis.UniversalClient) *Conn {
-	c := NewConn(ap)
-	if c.async != nil {
-		c.direct = direct
 	}
 	return c
 }
@@ -136,21 +116,10 @@ type submitter interface {
 // Process runs cmd and waits for its reply at most until ctx ends. After a
 // context error cmd must not be read: its batch may still complete it.
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
-	if c.async == nil {
-		return c.rdb.Process(ctx, cmd)
+	if c.async != nil {
+		return c.async.Submit(ctx, cmd).WaitContext(ctx)
 	}
-	if c.lone() {
-		defer c.inFlight.Add(-1)
-		return c.direct.Process(ctx, cmd)
-	}
-	defer c.inFlight.Add(-1)
-	return c.async.Submit(ctx, cmd).WaitContext(ctx)
-}
-
-// lone counts a call in flight and reports whether it is the only one, to
-// be sent directly; the caller subtracts it when the call returns.
-func (c *Conn) lone() bool {
-	return c.inFlight.Add(1) == 1 && c.direct != nil
+	return c.rdb.Process(ctx, cmd)
 }
 
 // ProcessAll runs cmds in order and waits for all of them, at most until
@@ -161,11 +130,13 @@ func (c *Conn) lone() bool {
 // that failed.
 func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
 	if c.async == nil {
-		return pipelined(ctx, c.rdb, cmds)
-	}
-	defer c.inFlight.Add(-1)
-	if c.lone() {
-		return pipelined(ctx, c.direct, cmds)
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, cmd := range cmds {
+				_ = p.Process(ctx, cmd)
+			}
+			return nil
+		})
+		return err
 	}
 	futures := make([]redis.AutoFuture, len(cmds))
 	for i, cmd := range cmds {
@@ -178,17 +149,6 @@ func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
 		}
 	}
 	return first
-}
-
-// pipelined runs cmds as one pipeline of rdb.
-func pipelined(ctx context.Context, rdb redis.UniversalClient, cmds []redis.Cmder) error {
-	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, cmd := range cmds {
-			_ = p.Process(ctx, cmd)
-		}
-		return nil
-	})
-	return err
 }
 
 // Run runs s with EVALSHA, and once more with EVAL when Redis does not have
