@@ -1,7 +1,7 @@
--- Complete a request whose lock was lost (its lease ran out before the
--- outcome could be stored): store the outcome unless another request has
--- taken the key since, and release what is left of the lock. A lock still
--- held completes with native commands instead (Store.Complete).
+-- Complete a request: store its outcome unless another request has taken
+-- the key since (its lease ran out before this ran), and release what is
+-- left of its lock. Checked here, where it runs: it may run long after it
+-- was sent (Store.Complete).
 -- KEYS[1] lock, KEYS[2] record
 -- ARGV[1] token, ARGV[2] retention in ms, ARGV[3] the completed record
 -- Returns 1 when the outcome is stored (now, or by an earlier try), else 0.

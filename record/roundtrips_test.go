@@ -17,9 +17,8 @@ import (
 
 // A request costs Redis two round trips, as a lock does (acquire, release):
 // Begin (the lock with the request's fingerprint, one script) and Complete
-// (the answer stored and the lock released: SET and HDEL, native, sent
-// together: one pipeline, or queued one after the other on the
-// autopipeliner's stream, where they nearly always ride one batch). A retry of a completed request costs one: Begin, whose reply
+// (the answer stored and the lock released, one script). A retry of a
+// completed request costs one: Begin, whose reply
 // is the stored answer. A request given up costs two too: Begin and
 // Abandon (HDEL). Checked on the client (a hook that sees
 // every command and pipeline) and on the server (INFO commandstats), with a
@@ -98,7 +97,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				trips int
 				want  []string
 			}{
-				{"executed request (Begin, Complete)", execute, 0, 2, []string{"evalsha", "set", "hdel"}},
+				{"executed request (Begin, Complete)", execute, 0, 2, []string{"evalsha", "evalsha"}},
 				{"replay (Begin of a completed key)", replay, 0, 1, []string{"evalsha"}},
 				{"request given up (Begin, Abandon)", abandon, 100, 2, []string{"evalsha", "hdel"}},
 			} {
@@ -108,25 +107,18 @@ func TestRoundTripsPerRequest(t *testing.T) {
 						t.Fatalf("%s %d: %v", tc.what, i, err)
 					}
 					cmds, trips := hook.Take()
-					// Through the autopipeliner, the completion's SET and
-					// HDEL are queued together and nearly always ride one
-					// batch; when the flusher takes the SET alone, the
-					// HDEL follows in the next one.
-					maxTrips := tc.trips
-					if client == "autopipeline" {
-						maxTrips = len(want)
-					}
-					if trips < tc.trips || trips > maxTrips || !slices.Equal(cmds, want) {
+					if trips != tc.trips || !slices.Equal(cmds, want) {
 						t.Fatalf("%s %d: %d round trips sending %v, want %d sending %v", tc.what, i, trips, cmds, tc.trips, want)
 					}
 				}
 				t.Logf("%s: %d round trip(s), sending %v", tc.what, tc.trips, want)
 			}
 			// The server agrees: a script per Begin (n executed, n replays,
-			// n given up), a SET per completion (and one per new lock in the
-			// Begin script, for its fencing counter), an HDEL per completion
-			// and per give-up, and no EVAL (the scripts stayed cached).
-			for cmd, want := range map[string]int{"evalsha": 3 * n, "set": n + 2*n, "hdel": 2 * n} {
+			// n given up) and per completion, a SET per completion (and one
+			// per new lock in the Begin script, for its fencing counter), an
+			// HDEL per completion and per give-up, and no EVAL (the scripts
+			// stayed cached).
+			for cmd, want := range map[string]int{"evalsha": 4 * n, "set": n + 2*n, "hdel": 2 * n} {
 				if got := redistest.Calls(t, srv.Addr, cmd); got != want {
 					t.Fatalf("server saw %d %s, want %d", got, strings.ToUpper(cmd), want)
 				}
