@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/reqlock/caddy-redis-lock/internal/quorum"
 	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 	"github.com/reqlock/caddy-redis-lock/lock"
@@ -124,14 +126,20 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // the autopipeliner. A Complete retried after a lost reply finds its own
 // record and counts it as stored, so it may be called again after an
 // ErrUnavailable error.
+//
+// In Redlock mode a completion whose lock is held by its own clock is still
+// the two native commands on each master (mayBeLost): a master where a
+// competing begin holds the lock still gets the record, so that it is on
+// every master.
 func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
 	s, lk := p.store, p.Lock
+	native := len(s.nodes) > 1 && !s.mayBeLost(lk)
 	lk.Stop()
 	rctx, cancel := s.c.ReleaseContext(ctx)
 	value := encode(p.fingerprint, resp)
 	if len(s.nodes) == 1 {
 		defer cancel()
-		stored, err := s.completeOn(rctx, 0, lk, value, retention)
+		stored, err := s.completeOn(rctx, 0, lk, value, retention, false)
 		switch {
 		case err != nil:
 			return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
@@ -144,7 +152,7 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 	// does not hold the response. The other masters' writes go on until
 	// they answer or ReleaseTimeout passes.
 	stored, errs := quorum.Call(rctx, cancel, len(s.nodes), s.quorum, func(ctx context.Context, i int) (bool, error) {
-		return s.completeOn(ctx, i, lk, value, retention)
+		return s.completeOn(ctx, i, lk, value, retention, native)
 	})
 	if stored >= s.quorum {
 		return nil
@@ -155,15 +163,55 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 	return ErrNotStored
 }
 
-// completeOn stores value as lk's record on node i and releases lk there;
-// it reports whether the record is lk's (stored now or by an earlier try).
-func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []byte, retention time.Duration) (bool, error) {
-	cmd, err := redisscript.ConnOf(s.nodes[i]).Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
-	if err != nil {
+// mayBeLost reports whether lk's outcome must be stored the checked way
+// (complete.lua), the one place that decides it: when lk was lost (Redis
+// reported another holder, or its local lease deadline passed unrenewed
+// while it was kept alive), or when less than one call is left before its
+// local lease deadline, or that deadline has passed. The deadline counts
+// after Stop too: a Complete retried in the background after Redis failed
+// has a stopped lock, whose Context says ErrReleased however long ago its
+// lease ran out, and a holder past its lease must never store unchecked,
+// since a later request may have taken the key and be running.
+//
+// The margin is one call, the Client's CallTimeout (at least its
+// ReleaseTimeout): the native commands may reach Redis that long after
+// they are issued (an attempt, then go-redis's retry on a new connection),
+// and they are safe only if Redis runs them while the lease still holds
+// there, which is at or after the local deadline. A smaller margin (the
+// lease's own, for clock drift) would let a command sent just before the
+// deadline land after it. The price is a script instead of two native
+// commands for a request that completes within a call of its deadline,
+// which renewal (every ttl/3) keeps rare unless ttl is under about 1.5
+// times CallTimeout. With neither timeout set the margin is 0.
+func (s *Store) mayBeLost(lk *lock.Lock) bool {
+	if errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld) {
+		return true
+	}
+	cfg := s.c.Config()
+	margin := max(cfg.CallTimeout, cfg.ReleaseTimeout)
+	return time.Until(lk.Deadline()) <= margin
+}
+
+// completeOn stores value as lk's record on node i and releases lk there,
+// with complete.lua or, when native, SET NX GET and HDEL; it reports
+// whether the record is lk's (stored now or by an earlier try).
+func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []byte, retention time.Duration, native bool) (bool, error) {
+	n := s.nodes[i]
+	if !native {
+		cmd, err := redisscript.ConnOf(n).Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
+		if err != nil {
+			return false, &lock.NodeError{Node: s.names[i], Err: err}
+		}
+		v, _ := cmd.Int64()
+		return v == 1, nil
+	}
+	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
+	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
+	if err := redisscript.ConnOf(n).ProcessAll(ctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
 		return false, &lock.NodeError{Node: s.names[i], Err: err}
 	}
-	v, _ := cmd.Int64()
-	return v == 1, nil
+	old, err := set.Result()
+	return errors.Is(err, redis.Nil) || old == string(value), nil
 }
 
 // fingerprintField is the field of the lock that holds the fingerprint of
