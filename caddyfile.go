@@ -53,6 +53,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			dial_timeout      <duration>
 //			timeout           <duration>
 //			pool_size         <n>
+//			replicas          <n>
 //		}
 //		idempotency {
 //			retention    <duration>
@@ -164,6 +165,8 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &c.Timeout)
 		case "pool_size":
 			err = intArg(d, &c.PoolSize)
+		case "replicas":
+			err = intArg(d, &c.Replicas)
 		default:
 			return errUnknownSubdirective
 		}

@@ -109,6 +109,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // unavailableRedis answers a request whose lock could not be taken because
 // Redis failed: 503, or the request passed on unlocked with fail_open.
 func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error) error {
+	if errors.Is(err, lock.ErrNotReplicated) {
+		metrics.unacked.inc(writeLock)
+	}
 	if h.OnError == OnErrorFailOpen {
 		h.unavailable.warn(h.logger, "redis unavailable: passing the request on unlocked (fail_open)",
 			zap.String("key", rkey), zap.Error(err))

@@ -155,7 +155,11 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 // more, so that a retry that comes once Redis is back finds the outcome
 // (complete.lua still writes it while no other request has the key). A lost
 // lock's answer is due at once: its outcome is stored in the background
-// from the first attempt.
+// from the first attempt. An outcome stored on the primary but not
+// acknowledged by the replicas (`replicas`) is answered, and written again
+// in the background until they acknowledge it: a failover meanwhile
+// promotes a replica that has the request's lock, with its token, and
+// complete.lua stores the outcome there.
 func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, done func()) {
 	retention := time.Duration(h.Idempotency.Retention)
 	err := lock.ErrUnavailable
@@ -164,11 +168,16 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 	} else {
 		p.Stop()
 	}
-	if errors.Is(err, lock.ErrUnavailable) {
+	if errors.Is(err, lock.ErrNotReplicated) {
+		metrics.unacked.inc(writeAnswer)
+		h.releaseWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
+			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
+	}
+	if again(err) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer done()
 			deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
-			for wait := time.Duration(0); errors.Is(err, lock.ErrUnavailable) && time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
+			for wait := time.Duration(0); again(err) && time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
 				time.Sleep(wait)
 				err = p.Complete(ctx, resp, retention)
 			}
@@ -182,6 +191,11 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 	h.stored(p.Lock, resp, err)
 }
 
+// again reports whether a completion that ended with err is tried again.
+func again(err error) bool {
+	return errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrNotReplicated)
+}
+
 // completeRetryFor is how long an outcome is tried again in the background
 // while Redis does not answer (at least a lease): a retry that comes once
 // Redis is back finds it, unless it comes within a try's interval (at most
@@ -190,6 +204,11 @@ const completeRetryFor = 10 * time.Second
 
 // stored counts and logs the end of a completion.
 func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {
+	if errors.Is(err, lock.ErrNotReplicated) {
+		// Stored and released on the primary: a failover can lose it.
+		h.releaseWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
+		err = nil
+	}
 	observeRelease(err)
 	if err != nil {
 		h.releaseWarn.warn(h.logger, "storing a response", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))

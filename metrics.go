@@ -21,6 +21,7 @@ var metrics = struct {
 	lost     prometheus.Counter
 	release  labelled
 	stored   prometheus.Histogram
+	unacked  labelled
 }{}
 
 // labelled is a counter with a result label whose counters for the known
@@ -33,7 +34,12 @@ type labelled struct {
 }
 
 func newLabelled(opts prometheus.CounterOpts, known ...string) labelled {
-	l := labelled{prometheus.NewCounterVec(opts, []string{"result"}), make(map[string]prometheus.Counter, len(known))}
+	return newLabelledBy(opts, "result", known...)
+}
+
+// newLabelledBy is newLabelled with a label of another name.
+func newLabelledBy(opts prometheus.CounterOpts, label string, known ...string) labelled {
+	l := labelled{prometheus.NewCounterVec(opts, []string{label}), make(map[string]prometheus.Counter, len(known))}
 	for _, r := range known {
 		l.by[r] = l.WithLabelValues(r)
 	}
@@ -83,7 +89,18 @@ func initMetrics() {
 		Help:    "Size of the responses stored for idempotency (body and headers).",
 		Buckets: prometheus.ExponentialBuckets(64, 4, 9), // 64 B to 4 MiB
 	})
+	metrics.unacked = newLabelledBy(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "replication_misses_total",
+		Help: "Writes that fewer replicas than `replicas` acknowledged in time, by write (lock: answered 503; renewal: the lease not extended; answer: sent, and written again in the background).",
+	}, "write", writeLock, writeRenewal, writeAnswer)
 }
+
+// The writes that replication_misses_total counts.
+const (
+	writeLock    = "lock"
+	writeRenewal = "renewal"
+	writeAnswer  = "answer"
+)
 
 // registerMetrics adds the collectors to reg; already registered ones (a
 // second handler, a reload on the same registry) are fine.
@@ -93,7 +110,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored,
+		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {
@@ -104,7 +121,12 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // observeRenew is the lock library's OnRenew hook.
-func observeRenew(err error) { observeOutcome(metrics.renewals, "ok", err) }
+func observeRenew(err error) {
+	observeOutcome(metrics.renewals, "ok", err)
+	if errors.Is(err, lock.ErrNotReplicated) {
+		metrics.unacked.inc(writeRenewal)
+	}
+}
 
 // observeRelease counts a release by its outcome.
 func observeRelease(err error) { observeOutcome(metrics.release, "released", err) }

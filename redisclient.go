@@ -61,6 +61,9 @@ func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
 	}
 	opt := universalOptions(c, tlsCfg)
 	rd := newRedialer(opt)
+	if c.Mode == ModeSentinel {
+		rd.master = newSentinelMaster(opt)
+	}
 	opt.Dialer = rd.dial
 	b, closeFn, err := newClients(c, opt)
 	if err != nil {
@@ -80,7 +83,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 		// no Limiter: the backoff is a hook there.
 		rdb := redis.NewFailoverClient(opt.Failover())
 		rdb.AddHook(new(authBackoff))
-		return pipelined(rdb)
+		return pipelined(rdb, c)
 	case ModeCluster:
 		// The cluster client routes each script to the node of its keys'
 		// slot (a lock, its counter and its record share one), and follows
@@ -95,12 +98,12 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 			o.Limiter = new(authBackoff)
 			return redis.NewClient(o)
 		}
-		return pipelined(redis.NewClusterClient(co))
+		return pipelined(redis.NewClusterClient(co), c)
 	case ModeRedlock:
 		var nodes []lock.Master
 		var closers []func() error
 		for _, addr := range c.Addresses {
-			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr)))
+			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr)), c)
 			if err != nil {
 				return nil, nil, errors.Join(err, closeAll(closers)())
 			}
@@ -112,7 +115,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 		}
 		return rl, closeAll(closers), nil
 	}
-	return pipelined(redis.NewClient(serverOptions(opt, c.Addresses[0])))
+	return pipelined(redis.NewClient(serverOptions(opt, c.Addresses[0])), c)
 }
 
 // universalOptions are the options every mode shares; go-redis derives
@@ -165,15 +168,27 @@ func universalOptions(c *RedisConfig, tlsCfg *tls.Config) *redis.UniversalOption
 // thing that tells it from the pool's other dials (their contexts and
 // deadlines look the same); should go-redis rename or remove it, dials
 // behave as go-redis's own again (TestRedialAfterRestartWithinBound fails).
+//
+// In Sentinel mode the address a dial is given is the master's when the
+// dial began; a master that died stays dead. While the probe dials, the
+// Sentinels are asked for the master every sentinelAskInterval, and the
+// probe dials the one they name: after a failover the pool connects to
+// the new master (go-redis's failover client resolves the address only
+// when a dial begins, and its probe's one dial would never end).
 type redialer struct {
 	next    func(ctx context.Context, network, addr string) (net.Conn, error)
-	timeout time.Duration // each attempt of the probe's
-	done    chan struct{} // closed with the backend
+	timeout time.Duration   // each attempt of the probe's
+	master  *sentinelMaster // Sentinel mode: who the master is now
+	done    chan struct{}   // closed with the backend
 	closed  sync.Once
 }
 
 // redialInterval is how often the pools' probe dials while Redis refuses.
 const redialInterval = 25 * time.Millisecond
+
+// sentinelAskInterval is how often the probe asks the Sentinels for the
+// master while it cannot connect.
+const sentinelAskInterval = 250 * time.Millisecond
 
 // probeFrame is the function of go-redis's pool probe.
 const probeFrame = "github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"
@@ -192,12 +207,19 @@ func (r *redialer) dial(ctx context.Context, network, addr string) (net.Conn, er
 	if !calledFrom(probeFrame) {
 		return r.next(ctx, network, addr)
 	}
+	var asked time.Time
 	for {
 		actx, cancel := context.WithTimeout(context.Background(), r.timeout)
 		c, err := r.next(actx, network, addr)
 		cancel()
 		if err == nil {
 			return c, nil
+		}
+		if r.master != nil && time.Since(asked) >= sentinelAskInterval {
+			asked = time.Now()
+			if now, err := r.master.addr(r.timeout); err == nil {
+				addr = now
+			}
 		}
 		select {
 		case <-r.done:
@@ -208,7 +230,54 @@ func (r *redialer) dial(ctx context.Context, network, addr string) (net.Conn, er
 }
 
 // close ends a probe's dialling: the pool's probe then ends with its pool.
-func (r *redialer) close() { r.closed.Do(func() { close(r.done) }) }
+func (r *redialer) close() {
+	r.closed.Do(func() {
+		close(r.done)
+		if r.master != nil {
+			r.master.close()
+		}
+	})
+}
+
+// sentinelMaster asks the Sentinels for the address of their master.
+type sentinelMaster struct {
+	name      string
+	sentinels []*redis.SentinelClient
+}
+
+func newSentinelMaster(opt *redis.UniversalOptions) *sentinelMaster {
+	m := &sentinelMaster{name: opt.MasterName}
+	for _, a := range opt.Addrs {
+		m.sentinels = append(m.sentinels, redis.NewSentinelClient(&redis.Options{
+			Addr: a, Username: opt.SentinelUsername, Password: opt.SentinelPassword, TLSConfig: opt.TLSConfig,
+			DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout, WriteTimeout: opt.WriteTimeout,
+			PoolSize: 1, MaxRetries: -1, ContextTimeoutEnabled: true,
+		}))
+	}
+	return m
+}
+
+// addr is the master's address by the first Sentinel that names it, each
+// asked for at most timeout.
+func (m *sentinelMaster) addr(timeout time.Duration) (string, error) {
+	var errs []error
+	for _, s := range m.sentinels {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		v, err := s.GetMasterAddrByName(ctx, m.name).Result()
+		cancel()
+		if err == nil && len(v) == 2 {
+			return net.JoinHostPort(v[0], v[1]), nil
+		}
+		errs = append(errs, err)
+	}
+	return "", errors.Join(errs...)
+}
+
+func (m *sentinelMaster) close() {
+	for _, s := range m.sentinels {
+		_ = s.Close()
+	}
+}
 
 // calledFrom reports whether fn is on the caller's stack (within 32 frames).
 func calledFrom(fn string) bool {
@@ -301,8 +370,9 @@ type asyncPipeliner interface {
 // per command (bench/README.md). The deferred face, because a command
 // queued in a pipeline is sent whatever its context says: the lock library
 // waits on each command's future and gives up at its own deadline
-// (lock.Config.CallTimeout).
-func pipelined(rdb asyncPipeliner) (lock.Master, func() error, error) {
+// (lock.Config.CallTimeout). With replicas, each script goes on rdb itself
+// instead, with its WAIT in one pipeline on one connection.
+func pipelined(rdb asyncPipeliner, c *RedisConfig) (lock.Master, func() error, error) {
 	opt := redis.DefaultBlockingAutoPipelineOptions()
 	// A Redis that stops answering must not queue commands without end:
 	// past this many, a request gets 503 at once.
@@ -311,7 +381,8 @@ func pipelined(rdb asyncPipeliner) (lock.Master, func() error, error) {
 	if err != nil {
 		return nil, nil, errors.Join(err, rdb.Close())
 	}
-	return lock.NewRedis(ap), func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
+	b := lock.NewReplicatedRedis(ap, lock.Replication{Replicas: c.Replicas, Timeout: time.Duration(c.Timeout), Direct: rdb})
+	return b, func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
 }
 
 // closeAll closes each of closers.

@@ -59,6 +59,12 @@ type RedisConfig struct {
 	// PoolSize is the maximum number of connections. Default: go-redis's,
 	// 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
+	// Replicas is how many replicas must acknowledge a lock, its renewals
+	// and, in idempotency mode, a stored answer (Redis WAIT, within
+	// Timeout), so that a failover that promotes one of them keeps them.
+	// Not in redlock mode, whose masters have no replicas. Default: 0, do
+	// not wait.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis.
@@ -115,6 +121,12 @@ func (c *RedisConfig) validate() error {
 	}
 	if c.PoolSize < 0 {
 		return fmt.Errorf("pool_size must not be negative, got %d", c.PoolSize)
+	}
+	if c.Replicas < 0 {
+		return fmt.Errorf("replicas must not be negative, got %d", c.Replicas)
+	}
+	if c.Replicas > 0 && c.Mode == ModeRedlock {
+		return fmt.Errorf("replicas is not for redlock mode: its masters are independent, with no replicas to wait for (a lock counts once a majority of masters has it)")
 	}
 	if t := c.TLS; t != nil && (t.Cert == "") != (t.Key == "") {
 		return fmt.Errorf("tls cert and key go together")
@@ -183,6 +195,7 @@ func (c *RedisConfig) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	enc.AddDuration("dial_timeout", time.Duration(r.DialTimeout))
 	enc.AddDuration("timeout", time.Duration(r.Timeout))
 	enc.AddInt("pool_size", r.PoolSize)
+	enc.AddInt("replicas", r.Replicas)
 	return nil
 }
 

@@ -17,6 +17,10 @@ var (
 	ErrNotHeld = errors.New("redislock: lock not held")
 	// ErrUnavailable: Redis could not be reached or did not answer in time.
 	ErrUnavailable = redisscript.ErrUnavailable
+	// ErrNotReplicated: a write made on the primary that fewer replicas
+	// than NewReplicatedRedis asks for acknowledged in time. An acquire or
+	// refresh that fails so matches ErrUnavailable too.
+	ErrNotReplicated = redisscript.ErrNotReplicated
 	// ErrLeaseExpired: the local lease deadline passed without a successful
 	// refresh. It is the cause of a lost lock's context and matches ErrNotHeld.
 	ErrLeaseExpired = fmt.Errorf("%w: local lease deadline passed", ErrNotHeld)

@@ -26,6 +26,33 @@ func NewRedis(rdb redis.UniversalClient) *Redis {
 	return &Redis{conn: redisscript.NewConn(rdb)}
 }
 
+// Replication is what NewReplicatedRedis waits for.
+type Replication struct {
+	// Replicas is how many replicas must acknowledge a lock, a renewal
+	// (and, in package record, an answer) before it counts: Redis WAIT.
+	Replicas int
+	// Timeout bounds each script and its wait: the WAIT gives up at half
+	// of it (or of what is left of the call's context), leaving the rest
+	// for its reply. Set it to the client's read timeout.
+	Timeout time.Duration
+	// Direct sends each script with its WAIT, in one pipeline on one
+	// connection: a *redis.Client, a failover client or a
+	// *redis.ClusterClient, not an autopipeliner (which may split them
+	// over two connections, and WAIT counts its own connection's writes).
+	// Default: rdb.
+	Direct redis.UniversalClient
+}
+
+// NewReplicatedRedis is NewRedis whose acquires and refreshes count only
+// once repl.Replicas replicas have acknowledged them, so that a failover
+// that promotes one of those replicas keeps the lock. One that is not
+// acknowledged in time fails with an error that matches ErrUnavailable and
+// ErrNotReplicated (an acquire's lock is then given back, as after any
+// acquire whose outcome is unknown).
+func NewReplicatedRedis(rdb redis.UniversalClient, repl Replication) *Redis {
+	return &Redis{conn: redisscript.NewReplicatedConn(rdb, redisscript.Replication(repl))}
+}
+
 // Package record runs its own scripts on the Conn of a *Redis.
 func init() {
 	redisscript.ConnOf = func(b any) *redisscript.Conn {
@@ -40,10 +67,7 @@ func init() {
 // holder's remaining lease.
 func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
 	cmd, err := r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds())
-	if err != nil {
-		return 0, redisscript.Classify(ctx, err)
-	}
-	return redisscript.ParseGrant(ctx, cmd.Val(), notObtained)
+	return redisscript.Grant(ctx, cmd, err, notObtained)
 }
 
 // notObtained is the error of a lock another holder has for remaining.
@@ -52,17 +76,19 @@ func notObtained(remaining time.Duration) error { return &NotObtainedError{Remai
 // Refresh extends key's lease to ttl if it still holds token.
 func (r *Redis) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
 	cmd, err := r.conn.Run(ctx, refreshScript, []string{key}, token, ttl.Milliseconds())
-	if err != nil {
+	if err != nil && !redisscript.Unreplicated(err) {
 		return redisscript.Classify(ctx, err)
 	}
-	n, err := cmd.Int64()
-	if err != nil {
-		return redisscript.Classify(ctx, err)
+	n, cerr := cmd.Int64()
+	if cerr != nil {
+		return redisscript.Classify(ctx, cerr)
 	}
 	if n != 1 {
 		return ErrNotHeld
 	}
-	return nil
+	// A renewal the replicas did not acknowledge does not extend the
+	// lease: a failover would bring back the old one.
+	return redisscript.Classify(ctx, err)
 }
 
 // Release deletes key if it still holds token: HDEL deletes only our own

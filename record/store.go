@@ -113,7 +113,10 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // ErrNotStored when the outcome was not stored: another was stored first,
 // or p's lease ran out and another request has taken the key since (a
 // holder whose lease ran out never overwrites or pre-empts a later one's).
-// It returns an ErrUnavailable error when Redis did not answer.
+// It returns an ErrUnavailable error when Redis did not answer, and an
+// ErrNotReplicated one when the outcome is stored but fewer replicas than
+// the backend waits for acknowledged it in time (a failover may lose it:
+// call Complete again until it returns nil, while the lease lasts).
 //
 // It is one script (complete.lua), checked where it runs: unless another
 // request holds the key, SET NX GET stores the record, then HDEL releases
@@ -141,10 +144,12 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 		defer cancel()
 		stored, err := s.completeOn(rctx, 0, lk, value, retention, false)
 		switch {
-		case err != nil:
+		case err != nil && !redisscript.Unreplicated(err):
 			return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
 		case !stored:
 			return ErrNotStored
+		case err != nil:
+			return fmt.Errorf("record: outcome stored on the primary, %w", err)
 		}
 		return nil
 	}
@@ -199,11 +204,11 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 	n := s.nodes[i]
 	if !native {
 		cmd, err := redisscript.ConnOf(n).Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
-		if err != nil {
+		if err != nil && !redisscript.Unreplicated(err) {
 			return false, &lock.NodeError{Node: s.names[i], Err: err}
 		}
 		v, _ := cmd.Int64()
-		return v == 1, nil
+		return v == 1, err
 	}
 	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
 	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
@@ -233,9 +238,11 @@ type begin struct {
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
 	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)},
 		token, ttl.Milliseconds(), b.fingerprint)
-	if err != nil {
+	if err != nil && !redisscript.Unreplicated(err) {
 		return 0, redisscript.Classify(ctx, err)
 	}
+	// A stored answer or a mismatch wrote nothing: what the replicas
+	// acknowledged does not matter to it (Grant decides for a grant).
 	if v, ok := cmd.Val().(string); ok && v != "" {
 		switch v[0] {
 		case 'M':
@@ -248,7 +255,7 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 			return 0, &CompletedError{Response: resp}
 		}
 	}
-	return redisscript.ParseGrant(ctx, cmd.Val(), notObtained)
+	return redisscript.Grant(ctx, cmd, err, notObtained)
 }
 
 // Refresh is the lock's: the fingerprint lives in the lock.

@@ -77,7 +77,8 @@ func ParseGrant(ctx context.Context, reply any, notObtained func(remaining time.
 // go-redis client.
 type Conn struct {
 	rdb   redis.UniversalClient
-	async submitter // rdb as a deferred autopipeliner, else nil
+	async submitter    // rdb as a deferred autopipeliner, else nil
+	repl  *Replication // scripts wait for replicas, else nil
 }
 
 // NewConn returns the Conn of rdb. A deferred autopipeliner
@@ -153,8 +154,13 @@ func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
 
 // Run runs s with EVALSHA, and once more with EVAL when Redis does not have
 // it cached (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH). Errors
-// are go-redis's, not classified.
+// are go-redis's, not classified. On a Conn with Replication, the script's
+// reply may come with a *ReplicationError: it ran, but its writes were not
+// acknowledged by enough replicas.
 func (c *Conn) Run(ctx context.Context, s Script, keys []string, args ...any) (*redis.Cmd, error) {
+	if c.repl != nil {
+		return c.runReplicated(ctx, s, keys, args)
+	}
 	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.SHA, keys, args)...)
 	err := c.Process(ctx, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {

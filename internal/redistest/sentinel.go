@@ -247,6 +247,12 @@ func (s *Sentinel) KillMaster(ctx context.Context) (string, error) {
 // master's address.
 func (s *Sentinel) WaitStable(ctx context.Context) (string, error) { return s.waitStable(ctx, "") }
 
+// WaitStableWithout is WaitStable with a master other than old: after old
+// was stopped by hand, it waits for the failover.
+func (s *Sentinel) WaitStableWithout(ctx context.Context, old string) (string, error) {
+	return s.waitStable(ctx, old)
+}
+
 func (s *Sentinel) waitStable(ctx context.Context, notMaster string) (string, error) {
 	var master string
 	err := eventually(ctx, "sentinel topology stable", func(ctx context.Context) error {
