@@ -44,7 +44,7 @@ type recorder struct {
 	handle   func(w http.ResponseWriter, r *http.Request, s seen) // nil: 200 "ok"
 }
 
-func newRecorder(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, s seen)) *recorder {
+func newRecorder(t testing.TB, handle func(w http.ResponseWriter, r *http.Request, s seen)) *recorder {
 	t.Helper()
 	rec := &recorder{inflight: map[string]int{}, entered: make(chan seen, 1024), handle: handle}
 	rec.Server = httptest.NewServer(http.HandlerFunc(rec.serve))

@@ -44,7 +44,7 @@ var caddyMu sync.Mutex
 
 // caddySite is one running in-process Caddy config with one site.
 type caddySite struct {
-	t         *testing.T
+	t         testing.TB
 	URL       string // http://127.0.0.1:port of the site
 	AdminURL  string // empty when the admin endpoint is off
 	caddyfile string
@@ -60,14 +60,14 @@ type siteOptions struct {
 // startCaddySite loads a Caddyfile with one site; body is the inside of the
 // site block. Every test that calls it must call t.Parallel first (or not at
 // all) and keeps the process-wide Caddy until it ends.
-func startCaddySite(t *testing.T, body string, opt siteOptions) *caddySite {
+func startCaddySite(t testing.TB, body string, opt siteOptions) *caddySite {
 	t.Helper()
 	return startCaddySites(t, opt, body)[0]
 }
 
 // startCaddySites is startCaddySite with a site per body, each on its own
 // port, in one config: nodes of one deployment, in one process.
-func startCaddySites(t *testing.T, opt siteOptions, bodies ...string) []*caddySite {
+func startCaddySites(t testing.TB, opt siteOptions, bodies ...string) []*caddySite {
 	t.Helper()
 	admin := "admin off"
 	adminURL := ""
@@ -220,7 +220,7 @@ func subBlock(lines []string, depth int) string {
 }
 
 // loadCaddyfile adapts cf and loads it (again, when already running).
-func loadCaddyfile(t *testing.T, cf string) {
+func loadCaddyfile(t testing.TB, cf string) {
 	t.Helper()
 	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), map[string]any{"filename": "Caddyfile"})
 	if err != nil {

@@ -26,7 +26,32 @@ import (
 // does. An answer whose acknowledgement does not come is still sent.
 func TestReplicasAcknowledge(t *testing.T) {
 	t.Parallel()
-	master, replica := redistest.StartWithReplica(t)
+	t.Run("standalone", func(t *testing.T) {
+		master, replica := redistest.StartWithReplica(t)
+		replicasAcknowledge(t, master, replica, []string{"address " + master.Addr})
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		s := redistest.StartSentinel(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		masterAddr, err := s.MasterAddr(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var replica *redistest.Server
+		for _, a := range s.Addrs() {
+			if a != masterAddr {
+				replica = s.Node(a)
+			}
+		}
+		replicasAcknowledge(t, s.Node(masterAddr), replica,
+			[]string{"mode sentinel", "master_name " + s.MasterName(), "address " + strings.Join(s.SentinelAddrs(), " ")})
+	})
+}
+
+// replicasAcknowledge is TestReplicasAcknowledge on a master and its
+// replica, which the site's redis block (redis) reaches.
+func replicasAcknowledge(t *testing.T, master, replica *redistest.Server, redisBlock []string) {
 	var pauseInBackend atomic.Bool
 	backend := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
 		if pauseInBackend.Load() {
@@ -37,7 +62,7 @@ func TestReplicasAcknowledge(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"charged":%q}`, s.Key)
 	})
-	site := startCaddySite(t, paySite(master.Addr, backend.URL, faultTimeouts, redisLines("replicas 1"), idempotent()), siteOptions{})
+	site := startCaddySite(t, paySite("", backend.URL, faultTimeouts, redisLines(append(redisBlock, "replicas 1")...), idempotent()), siteOptions{})
 	mrdb := redis.NewClient(&redis.Options{Addr: master.Addr})
 	rrdb := redis.NewClient(&redis.Options{Addr: replica.Addr})
 	t.Cleanup(func() { mrdb.Close(); rrdb.Close() })

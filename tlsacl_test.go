@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -20,9 +21,10 @@ import (
 )
 
 // minimalACL is the README's rule for the lock's Redis user: its key
-// pattern, the commands of its scripts and release, and no channels.
-const minimalACL = "on resetkeys ~redis_lock:* resetchannels -@all " +
-	"+evalsha +eval +hdel +exists +time +set +get +incr +hset +pexpire +del +hget +pttl +hexists +getrange"
+// pattern, the commands of its scripts and release, and the lock channels
+// a waiter is woken on.
+const minimalACL = "on resetkeys ~redis_lock:* resetchannels &redis_lock:* -@all " +
+	"+evalsha +eval +hdel +exists +time +set +get +incr +hset +hkeys +pexpire +del +hget +hgetall +pttl +hexists +getrange +spublish +ssubscribe +wait"
 
 const aclPassword = "correct-horse-battery"
 
@@ -130,4 +132,37 @@ func TestTLSAndACLFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// As the minimal user, a duplicate in progress gets 409, and one that
+// waits is woken: the refusal's and the wake-up's commands are in the rule.
+func TestMinimalACLUserWaits(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	if err := redistest.SetACLUser(context.Background(), srv.Addr, nil, "caddy >"+aclPassword+" "+minimalACL); err != nil {
+		t.Fatal(err)
+	}
+	backend := firstSlow(t, 300*time.Millisecond)
+	auth := []string{"username caddy", "password " + aclPassword}
+	sites := startCaddySites(t, siteOptions{},
+		paySite(srv.Addr, backend.URL, redisLines(auth...), lockLines("wait 3s")),
+		paySite(srv.Addr, backend.URL, redisLines(auth...), lockLines("wait 3s"), idempotent()),
+		paySite(srv.Addr, backend.URL, redisLines(auth...), idempotent()))
+	for i, mode := range []string{"lock", "idempotency"} {
+		// Woken, a few ms; polling, up to 244ms (TestWaitWokenByRelease).
+		if lags := waitLags(t, sites[i], "acl-"+mode, 1, 300*time.Millisecond); lags[0] > 100*time.Millisecond {
+			t.Errorf("%s: the waiter answered %v after the holder: not woken", mode, lags[0])
+		}
+	}
+	// Without wait, the duplicate of a request in progress is 409.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if r := sites[2].do("POST", "/pay", `{}`, "Idempotency-Key", "acl-busy"); r.Status != 200 {
+			t.Errorf("holder: %s", r)
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	expectProblem(t, sites[2].do("POST", "/pay", `{}`, "Idempotency-Key", "acl-busy"), http.StatusConflict)
+	<-done
 }

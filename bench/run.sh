@@ -122,3 +122,10 @@ echo
 echo "Round trips per request (record.TestRoundTripsPerRequest, client=plain):"
 (cd .. && go test -count=1 -run '^TestRoundTripsPerRequest$/^client=plain$' -v ./record/) |
 	sed -n 's/^ *roundtrips_test.go:[0-9]*: /  /p'
+
+# A waiter woken by the release, through Caddy: from the holder's answer to
+# the waiter's, over 200 waits (BenchmarkWakeAfterRelease).
+echo
+echo "Waiter's answer after the holder's, 200 waits through Caddy (BenchmarkWakeAfterRelease):"
+(cd .. && go test -count=1 -run '^$' -bench '^BenchmarkWakeAfterRelease$' -benchtime=200x . 2>/dev/null) |
+	sed -n 's/^BenchmarkWakeAfterRelease\/\([a-z]*\)-[0-9]* *[0-9]* *[0-9]* ns\/op */  \1: /p'

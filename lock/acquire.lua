@@ -1,7 +1,8 @@
 -- Acquire a lock and issue its fencing token, in one round trip (the source
 -- starts with internal/redisscript's take.lua).
 -- KEYS[1] lock key, KEYS[2] fencing counter: the last token issued
--- ARGV[1] holder token, ARGV[2] lease in ms
+-- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] '1' when the caller
+-- waits for the lock and listens for its release (mark_waited, in take.lua)
 -- Returns the fencing token as a decimal string when the lock is ours, the
 -- holder's PTTL as an integer when it is not: the reply's type tells which,
 -- with no table to build in Lua or to unpack in the client.
@@ -10,5 +11,8 @@
 local fence = acquire(KEYS[1], ARGV[1], ARGV[2], KEYS[2])
 if fence then
 	return fence
+end
+if ARGV[3] == '1' then
+	mark_waited(KEYS[1])
 end
 return redis.call('PTTL', KEYS[1])

@@ -169,6 +169,12 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 		waitUntil = time.Now().Add(opt.Wait)
 	}
 	backoff := minBackoff
+	// A waiter subscribes to the lock's releases after its first refusal,
+	// and its attempts from then on mark the lock as waited for: the
+	// release wakes it. Polling goes on beside, for a wake-up that is lost.
+	attemptCtx := ctx
+	var woken <-chan struct{}
+	watched := false
 	for {
 		// Not every client checks the context before sending (go-redis's
 		// autopipeliner does not): a caller that is gone takes no lock.
@@ -176,7 +182,7 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 			return nil, err
 		}
 		sent := time.Now()
-		cctx, cancel := c.callContext(ctx)
+		cctx, cancel := c.callContext(attemptCtx)
 		fence, err := b.TryAcquire(cctx, key, token, ttl)
 		cancel()
 		if err == nil {
@@ -199,6 +205,17 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 		if waitUntil.IsZero() || !now.Before(waitUntil) {
 			return nil, notObtained
 		}
+		if !watched {
+			watched = true
+			var stop func()
+			if woken, stop = c.watch(ctx, b, key); stop != nil {
+				defer stop()
+				// At once: the release may have come before the
+				// subscription, which would not hear of it.
+				attemptCtx = withWaiting(ctx)
+				continue
+			}
+		}
 		// Full jitter on an exponential step, never past the wait or the
 		// holder's lease. All state is local to this call.
 		sleep := backoff/2 + mrand.N(backoff/2+1)
@@ -209,12 +226,8 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 			sleep = left
 		}
 		backoff = min(2*backoff, maxBackoff)
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := sleepOrWake(ctx, sleep, woken); err != nil {
+			return nil, err
 		}
 	}
 }

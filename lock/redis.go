@@ -66,7 +66,13 @@ func init() {
 // TryAcquire runs the acquire script: the lock and its fencing token, or the
 // holder's remaining lease.
 func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	cmd, err := r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds())
+	var cmd *redis.Cmd
+	var err error
+	if Waiting(ctx) {
+		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds(), "1")
+	} else {
+		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds())
+	}
 	return redisscript.Grant(ctx, cmd, err, notObtained)
 }
 

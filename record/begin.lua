@@ -2,7 +2,9 @@
 -- internal/redisscript's take.lua): its stored outcome, or its lock, in one
 -- round trip.
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] record
--- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] fingerprint (64 hex)
+-- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] fingerprint (64 hex),
+-- ARGV[4] '1' when the caller waits and listens for the release
+-- (mark_waited, in take.lua)
 -- While the request runs, its fingerprint is a field of the lock beside the
 -- holder's token ("fp:" .. token), kept and released with it. The record
 -- exists once the request completed: 'C' .. fingerprint .. response.
@@ -29,5 +31,8 @@ for i = 1, #fields, 2 do
 	if string.sub(fields[i], 1, 3) == 'fp:' and fields[i + 1] ~= ARGV[3] then
 		return 'M'
 	end
+end
+if ARGV[4] == '1' then
+	mark_waited(KEYS[1])
 end
 return redis.call('PTTL', KEYS[1])

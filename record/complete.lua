@@ -9,7 +9,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('HEXISTS', KEYS[1], ARGV[1]
 	return 0 -- another holder's: its outcome, not ours
 end
 local old = redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2], 'NX', 'GET')
-redis.call('HDEL', KEYS[1], ARGV[1], 'fp:' .. ARGV[1])
+-- Three fields deleted: the token, the fingerprint and the mark of a
+-- request waiting (take.lua's mark_waited), which is woken. pcall: a user
+-- not allowed to publish leaves waiters to their polling, not the record
+-- unwritten.
+if redis.call('HDEL', KEYS[1], ARGV[1], 'fp:' .. ARGV[1], 'w:' .. ARGV[1]) == 3 then
+	redis.pcall('SPUBLISH', KEYS[1], '')
+end
 if not old or old == ARGV[3] then
 	return 1
 end

@@ -211,9 +211,12 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 		return v == 1, err
 	}
 	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
-	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()))
+	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()), redisscript.WaitedField(lk.Token()))
 	if err := redisscript.ConnOf(n).ProcessAll(ctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
 		return false, &lock.NodeError{Node: s.names[i], Err: err}
+	}
+	if release.Val() == 3 {
+		redisscript.ConnOf(n).PublishRelease(ctx, lk.Key())
 	}
 	old, err := set.Result()
 	return errors.Is(err, redis.Nil) || old == string(value), nil
@@ -236,8 +239,11 @@ type begin struct {
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)},
-		token, ttl.Milliseconds(), b.fingerprint)
+	args := []any{token, ttl.Milliseconds(), b.fingerprint}
+	if lock.Waiting(ctx) {
+		args = append(args, "1")
+	}
+	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)}, args...)
 	if err != nil && !redisscript.Unreplicated(err) {
 		return 0, redisscript.Classify(ctx, err)
 	}
@@ -267,6 +273,11 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 // fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
 	return releaseFields(ctx, b.node, key, token, fingerprintField(token))
+}
+
+// WatchRelease is the lock's: a completion publishes as a release does.
+func (b *begin) WatchRelease(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	return b.node.WatchRelease(ctx, key)
 }
 
 // RaiseFence lets a Redlock write its winning token back to this master.

@@ -76,16 +76,17 @@ func ParseGrant(ctx context.Context, reply any, notObtained func(remaining time.
 // Conn runs commands and scripts on one Redis deployment, through any
 // go-redis client.
 type Conn struct {
-	rdb   redis.UniversalClient
-	async submitter    // rdb as a deferred autopipeliner, else nil
-	repl  *Replication // scripts wait for replicas, else nil
+	rdb     redis.UniversalClient
+	async   submitter     // rdb as a deferred autopipeliner, else nil
+	repl    *Replication  // scripts wait for replicas, else nil
+	watches chan struct{} // WatchRelease's subscriptions open
 }
 
 // NewConn returns the Conn of rdb. A deferred autopipeliner
 // (AsyncAutoPipeline) shares round trips between concurrent callers, and
 // each call still gives up waiting at its deadline.
 func NewConn(rdb redis.UniversalClient) *Conn {
-	c := &Conn{rdb: rdb}
+	c := &Conn{rdb: rdb, watches: make(chan struct{}, maxWatches)}
 	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
 		c.async = s
 	}
@@ -184,15 +185,39 @@ func evalArgs(verb, script string, keys []string, args []any) []any {
 // holder's own fields, and Redis deletes the key with its last field. It
 // reports whether anything was deleted (false: the lock is not the
 // holder's); its error is Classify's.
+//
+// The HDEL deletes the mark of a waiting request too (WaitedField): when
+// it was there, the release is published on the lock's sharded channel, to
+// wake the waiters (Conn.WatchRelease), in one more round trip that a
+// release nobody waited for does not make.
 func (c *Conn) ReleaseFields(ctx context.Context, key, token string, fields ...string) (bool, error) {
-	args := make([]any, 0, 3+len(fields))
+	args := make([]any, 0, 4+len(fields))
 	args = append(args, "hdel", key, token)
 	for _, f := range fields {
 		args = append(args, f)
 	}
+	args = append(args, WaitedField(token))
 	cmd := redis.NewIntCmd(ctx, args...)
 	if err := c.Process(ctx, cmd); err != nil {
 		return false, Classify(ctx, err)
 	}
-	return cmd.Val() != 0, nil
+	n := cmd.Val()
+	if n == int64(len(fields)+2) {
+		c.PublishRelease(ctx, key)
+	}
+	return n != 0, nil
+}
+
+// WaitedField is the field of a lock that says a request waits for
+// holder's release (take.lua's mark_waited). It exists only while holder's
+// token does, so an HDEL of the holder's fields and it counts them all
+// when the holder had the lock and was waited for.
+func WaitedField(holder string) string { return "w:" + holder }
+
+// PublishRelease wakes the requests waiting for the lock key: a message on
+// its sharded channel, named as the key (so that it shares its slot). It
+// is best effort: a waiter that misses it finds the lock free at its next
+// poll.
+func (c *Conn) PublishRelease(ctx context.Context, key string) {
+	_ = c.Process(ctx, redis.NewIntCmd(ctx, "spublish", key, ""))
 }

@@ -65,3 +65,21 @@ local function acquire(lock, token, ttl, counter, field, value)
 	end
 	return nil
 end
+
+-- mark_waited records in the lock that a request waits for it: the field
+-- 'w:' .. holder, beside the holder's token. The holder's release deletes
+-- it with its own fields, and publishes on the lock's sharded channel (the
+-- lock key) when it was there, to wake the waiters; a lock nobody waits
+-- for is released as before, with nothing published. Naming the holder
+-- keeps the release's count of deleted fields unambiguous: a 'w:' field
+-- exists only while its holder's token does (both go in one HDEL, or with
+-- the key).
+local function mark_waited(lock)
+	local fields = redis.call('HKEYS', lock)
+	for i = 1, #fields do
+		if not string.find(fields[i], ':', 1, true) then
+			redis.call('HSET', lock, 'w:' .. fields[i], '1')
+			return
+		end
+	end
+end
