@@ -173,11 +173,24 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 		h.releaseWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
 			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
 	}
+	// With replicas, an answer that Redis did not take, or took without
+	// the replicas, may be only on a primary that is failing over: it is
+	// tried again through the failover, and past a lock the promoted
+	// replica holds for a request it refuses for want of replicas (which
+	// gives it up).
+	retryFor := max(time.Duration(h.TTL), completeRetryFor)
+	replicated := h.Redis != nil && h.Redis.Replicas > 0
+	if replicated {
+		retryFor = max(retryFor, unackedRetryFor)
+	}
 	if again(err) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer done()
-			deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
-			for wait := time.Duration(0); again(err) && time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
+			deadline := time.Now().Add(retryFor)
+			for wait := time.Duration(0); time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
+				if !again(err) && !(replicated && errors.Is(err, record.ErrKeyHeld)) {
+					break
+				}
 				time.Sleep(wait)
 				err = p.Complete(ctx, resp, retention)
 			}
@@ -201,6 +214,12 @@ func again(err error) bool {
 // Redis is back finds it, unless it comes within a try's interval (at most
 // 200ms) and a reconnect (redialInterval) of Redis's return.
 const completeRetryFor = 10 * time.Second
+
+// unackedRetryFor is how long an answer stored but not acknowledged by
+// the replicas (`replicas`) is written again: through a failover, whose
+// detection alone takes Sentinel's down-after-milliseconds (30s by
+// default) or a Cluster's cluster-node-timeout (15s).
+const unackedRetryFor = 2 * time.Minute
 
 // stored counts and logs the end of a completion.
 func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {

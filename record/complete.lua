@@ -4,9 +4,11 @@
 -- was sent (Store.Complete).
 -- KEYS[1] lock, KEYS[2] record
 -- ARGV[1] token, ARGV[2] retention in ms, ARGV[3] the completed record
--- Returns 1 when the outcome is stored (now, or by an earlier try), else 0.
+-- Returns 1 when the outcome is stored (now, or by an earlier try), 2 when
+-- another holder has the lock (nothing written), else 0 (another outcome
+-- is stored).
 if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-	return 0 -- another holder's: its outcome, not ours
+	return 2 -- another holder's: its outcome, not ours
 end
 local old = redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2], 'NX', 'GET')
 -- Three fields deleted: the token, the fingerprint and the mark of a

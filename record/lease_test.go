@@ -85,11 +85,16 @@ func TestCompleteAfterAnotherTookTheKeyIsNotStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Complete(ctx, okResponse, time.Hour); !errors.Is(err, ErrNotStored) {
-		t.Fatalf("Complete of a request whose key another took: %v, want ErrNotStored", err)
+	// While the other holds the key, nothing is written: ErrKeyHeld.
+	if err := first.Complete(ctx, okResponse, time.Hour); !errors.Is(err, ErrKeyHeld) {
+		t.Fatalf("Complete of a request whose key another holds: %v, want ErrKeyHeld", err)
 	}
 	if err := later.Complete(ctx, laterResponse, time.Hour); err != nil {
 		t.Fatal(err)
+	}
+	// Once the other's answer is stored, it stays: ErrNotStored, not held.
+	if err := first.Complete(ctx, okResponse, time.Hour); !errors.Is(err, ErrNotStored) || errors.Is(err, ErrKeyHeld) {
+		t.Fatalf("Complete after the other's answer was stored: %v, want ErrNotStored alone", err)
 	}
 	var done *CompletedError
 	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) || string(done.Response.Body) != string(laterResponse.Body) {

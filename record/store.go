@@ -21,6 +21,11 @@ var (
 	// ErrNotStored: Complete found the record no longer ours (its lease
 	// ran out and another request took the key).
 	ErrNotStored = errors.New("record: outcome not stored, the record is no longer ours")
+	// ErrKeyHeld is the ErrNotStored of a Complete that found another
+	// request holding the key, and wrote nothing: that request may still
+	// give it up (one refused after a failover, say), and a Complete
+	// tried again then stores the outcome.
+	ErrKeyHeld = fmt.Errorf("%w: another request holds the key", ErrNotStored)
 )
 
 // CompletedError is what Begin returns when the key's request has already
@@ -144,6 +149,8 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 		defer cancel()
 		stored, err := s.completeOn(rctx, 0, lk, value, retention, false)
 		switch {
+		case errors.Is(err, errHeld):
+			return ErrKeyHeld
 		case err != nil && !redisscript.Unreplicated(err):
 			return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
 		case !stored:
@@ -157,7 +164,11 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 	// does not hold the response. The other masters' writes go on until
 	// they answer or ReleaseTimeout passes.
 	stored, errs := quorum.Call(rctx, cancel, len(s.nodes), s.quorum, func(ctx context.Context, i int) (bool, error) {
-		return s.completeOn(ctx, i, lk, value, retention, native)
+		ok, err := s.completeOn(ctx, i, lk, value, retention, native)
+		if errors.Is(err, errHeld) {
+			err = nil // a refusal, as a record of another's
+		}
+		return ok, err
 	})
 	if stored >= s.quorum {
 		return nil
@@ -208,6 +219,9 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 			return false, &lock.NodeError{Node: s.names[i], Err: err}
 		}
 		v, _ := cmd.Int64()
+		if v == 2 { // nothing written: what the replicas say does not matter
+			err = errHeld
+		}
 		return v == 1, err
 	}
 	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
@@ -221,6 +235,9 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 	old, err := set.Result()
 	return errors.Is(err, redis.Nil) || old == string(value), nil
 }
+
+// errHeld is completeOn's report of a key another request holds.
+var errHeld = errors.New("held by another request")
 
 // fingerprintField is the field of the lock that holds the fingerprint of
 // token's request while it runs.
