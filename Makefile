@@ -63,8 +63,9 @@ demo:
 	$(GO) run ./cmd/demo $(ARGS)
 
 # chaos: three Caddy nodes (processes), one Redis (AOF), SDK-like clients and
-# a recording backend under scheduled faults; checks the records, exits 1 on
-# a violation (SEED=n another schedule; LOCK_ONLY=1 without idempotency, fails).
+# a recording backend under scheduled faults, then the same on a Sentinel pair
+# with replicas 1 under failovers; checks the records, exits 1 on a violation
+# (SEED=n another schedule; LOCK_ONLY=1 without idempotency, fails).
 chaos: redis
 	SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' $(GO) run ./cmd/chaos $(ARGS)
 

@@ -44,9 +44,17 @@ func buildOnce(t *testing.T) string {
 
 func runShort(t *testing.T, lockOnly bool) *outcome {
 	t.Helper()
-	redistest.Require(t)
 	sc := shortScenario(1)
 	sc.LockOnly = lockOnly
+	return runOne(t, sc)
+}
+
+// runOne runs sc and checks that it ran: executions, and every planned
+// fault without an error of its own.
+func runOne(t *testing.T, sc scenario) *outcome {
+	t.Helper()
+	redistest.Require(t)
+	lockOnly := sc.LockOnly
 	sc.Discard = lockOnly // its violations are expected: no logs to keep
 	sc.Bin = buildOnce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -59,7 +67,7 @@ func runShort(t *testing.T, lockOnly bool) *outcome {
 	var summary bytes.Buffer
 	writeSummary(&summary, o)
 	t.Logf("%s%s", progress.String(), summary.String())
-	if len(o.Record.Execs) == 0 || len(o.Record.Faults) != len(faultKinds) {
+	if len(o.Record.Execs) == 0 || len(o.Record.Faults) != len(sc.Kinds)*sc.FaultRounds {
 		t.Fatalf("the run did not happen: %d executions, %d faults", len(o.Record.Execs), len(o.Record.Faults))
 	}
 	for _, f := range o.Record.Faults {
@@ -106,5 +114,15 @@ func TestChaosLockOnlyFails(t *testing.T) {
 	}
 	if !strings.Contains(o.Violations[0].Detail, "ex_") {
 		t.Errorf("a violation's detail names no execution: %q", o.Violations[0].Detail)
+	}
+}
+
+// TestChaosFailover is `make chaos`'s failover phase (about a minute): the
+// nodes on a Sentinel pair with replicas 1, two failovers with the replica
+// behind; every check must pass, with no window for the failovers.
+func TestChaosFailover(t *testing.T) {
+	o := runOne(t, failoverScenario(1))
+	for _, v := range o.Violations {
+		t.Errorf("[%s] key %s: %s", v.Check, v.Key, v.Detail)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
 // faultKind names a fault the scenario injects.
@@ -18,9 +20,15 @@ const (
 	redisRestartEmpty faultKind = "redis-restart-empty" // SIGKILL, AOF removed, restarted empty
 	nodeKill          faultKind = "node-kill"           // a Caddy node SIGKILLed mid-request, then restarted
 	nodeReload        faultKind = "node-reload"         // a Caddy config reload, admin API or `caddy reload`
+	sentinelFailover  faultKind = "sentinel-failover"   // the replica cut off, the master SIGKILLed, the replica promoted
 )
 
-var faultKinds = []faultKind{redisPause, redisKillAOF, redisRestartEmpty, nodeKill, nodeReload}
+// faultKinds are the full scenario's; failoverKinds the failover phase's:
+// two failovers, a node killed, a reload.
+var (
+	faultKinds    = []faultKind{redisPause, redisKillAOF, redisRestartEmpty, nodeKill, nodeReload}
+	failoverKinds = []faultKind{sentinelFailover, sentinelFailover, nodeKill, nodeReload}
+)
 
 // plannedFault is one fault of the schedule.
 type plannedFault struct {
@@ -33,10 +41,10 @@ type plannedFault struct {
 // reloads once more when rounds > 1), in an order and at gaps drawn from
 // rng, from start on. Faults never overlap: one due while the one before
 // still runs starts when that one ends.
-func planFaults(rng *rand.Rand, rounds, nodes int, start, minGap, maxGap time.Duration) []plannedFault {
+func planFaults(rng *rand.Rand, of []faultKind, rounds, nodes int, start, minGap, maxGap time.Duration) []plannedFault {
 	var kinds []faultKind
 	for r := range rounds {
-		kinds = append(kinds, faultKinds...)
+		kinds = append(kinds, of...)
 		if r > 0 || rounds == 1 {
 			continue
 		}
@@ -68,11 +76,12 @@ type faultEvent struct {
 
 // injector carries out the schedule against the running processes.
 type injector struct {
-	redis   *chaosRedis
-	nodes   []*node
-	backend *backend
-	ttl     time.Duration
-	reloads int
+	redis    *chaosRedis    // the full scenario's
+	sentinel *chaosSentinel // the failover phase's
+	nodes    []*node
+	backend  *backend
+	ttl      time.Duration
+	reloads  int
 }
 
 // run carries out plan from t0 until it is done or ctx ends, and returns
@@ -100,6 +109,8 @@ func (in *injector) run(ctx context.Context, t0 time.Time, plan []plannedFault) 
 			err = in.killNode(&ev)
 		case nodeReload:
 			err = in.reload(ctx, &ev)
+		case sentinelFailover:
+			err = in.failover(ctx, &ev)
 		}
 		if err != nil {
 			ev.Err = err.Error()
@@ -144,6 +155,50 @@ func (in *injector) killRedis(ev *faultEvent, empty bool) error {
 	ev.Return = time.Now()
 	ev.Detail = fmt.Sprintf("down %v, keys %d before, %d after the restart",
 		ev.Return.Sub(ev.Start).Round(time.Millisecond), keysBefore, dbsize(in.redis.Addr))
+	return err
+}
+
+// failover puts the replica behind under the traffic (its link cut, then
+// paused, so that it misses what the master writes from then on), kills
+// the master, resumes the replica and waits for the Sentinels to promote
+// it, then restarts the old master, which they turn into its replica. With
+// `replicas 1` nothing whose answer was given may be lost: no window.
+func (in *injector) failover(ctx context.Context, ev *faultEvent) error {
+	s := in.sentinel
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
+	defer cancel()
+	master, err := s.MasterAddr(fctx)
+	if err != nil {
+		return err
+	}
+	var replica *redistest.Server
+	for _, a := range s.Addrs() {
+		if a != master {
+			replica = s.Node(a)
+		}
+	}
+	busy := in.backend.busy(-1)
+	ev.Start = time.Now()
+	if err := redistest.CutReplicas(fctx, master, replica); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond)
+	s.Node(master).Stop()
+	if err := replica.Resume(); err != nil {
+		return err
+	}
+	promoted, err := s.WaitStableWithout(fctx, master)
+	ev.Back = time.Now()
+	if err != nil {
+		return err
+	}
+	if err := s.Node(master).Restart(); err != nil {
+		return err
+	}
+	_, err = s.WaitStable(fctx)
+	ev.Return = time.Now()
+	ev.Detail = fmt.Sprintf("replica cut off 500ms with %d executions in flight, master %s killed, %s promoted after %v, the old master its replica after %v",
+		busy, master, promoted, ev.Back.Sub(ev.Start).Round(time.Millisecond), ev.Return.Sub(ev.Start).Round(time.Millisecond))
 	return err
 }
 

@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,6 +34,8 @@ type scenario struct {
 	Name        string
 	Seed        uint64
 	LockOnly    bool
+	Failover    bool        // Redis is a Sentinel-managed pair with replicas 1; the faults are failoverKinds
+	Kinds       []faultKind // the faults, each FaultRounds times
 	Nodes       int
 	TTL         time.Duration
 	Timeout     time.Duration // Redis command timeout in the nodes
@@ -50,14 +53,23 @@ type scenario struct {
 // fullScenario is `make chaos`: about two minutes, twelve faults.
 func fullScenario(seed uint64) scenario {
 	return scenario{Name: "full", Seed: seed, Nodes: 3, TTL: 2 * time.Second, Timeout: 300 * time.Millisecond,
-		Keys: 900, Spread: 95 * time.Second, FaultRounds: 2, FaultStart: 4 * time.Second,
+		Keys: 900, Spread: 95 * time.Second, Kinds: faultKinds, FaultRounds: 2, FaultStart: 4 * time.Second,
 		MinGap: 5 * time.Second, MaxGap: 8 * time.Second}
+}
+
+// failoverScenario is `make chaos`'s second phase: the nodes on a Sentinel
+// pair with `replicas 1`, two failovers with the replica behind, a node
+// killed and a reload; about a minute.
+func failoverScenario(seed uint64) scenario {
+	return scenario{Name: "failover", Seed: seed, Failover: true, Nodes: 3, TTL: 2 * time.Second, Timeout: 300 * time.Millisecond,
+		Keys: 400, Spread: 45 * time.Second, Kinds: failoverKinds,
+		FaultRounds: 1, FaultStart: 4 * time.Second, MinGap: 4 * time.Second, MaxGap: 6 * time.Second}
 }
 
 // shortScenario runs in `make test`: seconds, one fault of each kind.
 func shortScenario(seed uint64) scenario {
 	return scenario{Name: "short", Seed: seed, Nodes: 2, TTL: time.Second, Timeout: 200 * time.Millisecond,
-		Keys: 90, Spread: 10 * time.Second, FaultRounds: 1, FaultStart: time.Second,
+		Keys: 90, Spread: 10 * time.Second, Kinds: faultKinds, FaultRounds: 1, FaultStart: time.Second,
 		MinGap: 1500 * time.Millisecond, MaxGap: 2 * time.Second}
 }
 
@@ -82,25 +94,40 @@ func main() {
 		seed = n
 	}
 	short := flag.Bool("short", false, "the short scenario of `make test` instead of the full one")
+	phase := flag.String("phase", "all", "all: the full scenario, then the failover phase; full; failover")
 	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
 	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data)")
 	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
 	flag.Parse()
-	sc := fullScenario(seed)
-	if *short {
-		sc = shortScenario(seed)
-	}
-	sc.LockOnly, sc.Keep = *lockOnly, *keep
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	o, err := runScenario(ctx, sc, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos:", err)
+	var scs []scenario
+	switch {
+	case *short:
+		scs = []scenario{shortScenario(seed)}
+	case *phase == "full":
+		scs = []scenario{fullScenario(seed)}
+	case *phase == "failover":
+		scs = []scenario{failoverScenario(seed)}
+	case *phase == "all":
+		scs = []scenario{fullScenario(seed), failoverScenario(seed)}
+	default:
+		fmt.Fprintln(os.Stderr, "chaos: -phase is all, full or failover, not", *phase)
 		os.Exit(2)
 	}
-	writeSummary(os.Stdout, o)
-	if len(o.Violations) > 0 {
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	failed := false
+	for _, sc := range scs {
+		sc.LockOnly, sc.Keep = *lockOnly, *keep
+		o, err := runScenario(ctx, sc, os.Stdout)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+			os.Exit(2)
+		}
+		writeSummary(os.Stdout, o)
+		failed = failed || len(o.Violations) > 0
+	}
+	if failed {
 		os.Exit(1)
 	}
 }
@@ -126,18 +153,32 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 			return nil, err
 		}
 	}
-	rds, err := startRedis(dir)
-	if err != nil {
-		return nil, err
+	var rds *chaosRedis
+	var sen *chaosSentinel
+	cfg := nodeConfig{TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly}
+	redisDesc := ""
+	if sc.Failover {
+		if sen, err = startSentinel(); err != nil {
+			return nil, err
+		}
+		defer sen.Close()
+		cfg.RedisLines = sen.redisLines()
+		redisDesc = "a Sentinel-managed master and replica with AOF (appendfsync always), replicas 1"
+	} else {
+		if rds, err = startRedis(dir); err != nil {
+			return nil, err
+		}
+		defer rds.Close()
+		cfg.Redis = rds.Addr
+		redisDesc = "Redis " + rds.Addr + " with AOF (appendfsync always)"
 	}
-	defer rds.Close()
 	be, err := startBackend(sc.Seed, sc.TTL)
 	if err != nil {
 		return nil, err
 	}
 	defer be.Close()
-	nodes, err := startNodes(bin, dir, sc.Nodes, nodeConfig{Backend: be.Addr, Redis: rds.Addr,
-		TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly})
+	cfg.Backend = be.Addr
+	nodes, err := startNodes(bin, dir, sc.Nodes, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -149,16 +190,16 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 
 	rng := rand.New(rand.NewPCG(sc.Seed, 0x6368616f73)) // "chaos"
 	plans := planKeys(rng, sc.Keys, sc.Spread, sc.TTL)
-	schedule := planFaults(rng, sc.FaultRounds, sc.Nodes, sc.FaultStart, sc.MinGap, sc.MaxGap)
+	schedule := planFaults(rng, sc.Kinds, sc.FaultRounds, sc.Nodes, sc.FaultStart, sc.MinGap, sc.MaxGap)
 	mode := "idempotency"
 	if sc.LockOnly {
 		mode = "lock only (no idempotency block)"
 	}
-	fmt.Fprintf(progress, "chaos: %s scenario, seed %d, %s: %d Caddy nodes, Redis %s with AOF (appendfsync always), ttl %v, %d payments over %v, %d faults; work dir %s\n",
-		sc.Name, sc.Seed, mode, sc.Nodes, rds.Addr, sc.TTL, sc.Keys, sc.Spread, len(schedule), dir)
+	fmt.Fprintf(progress, "chaos: %s scenario, seed %d, %s: %d Caddy nodes, %s, ttl %v, %d payments over %v, %d faults; work dir %s\n",
+		sc.Name, sc.Seed, mode, sc.Nodes, redisDesc, sc.TTL, sc.Keys, sc.Spread, len(schedule), dir)
 
 	t0 := time.Now().Add(200 * time.Millisecond)
-	in := &injector{redis: rds, nodes: nodes, backend: be, ttl: sc.TTL}
+	in := &injector{redis: rds, sentinel: sen, nodes: nodes, backend: be, ttl: sc.TTL}
 	faultsDone := make(chan []faultEvent, 1)
 	go func() { faultsDone <- in.run(ctx, t0, schedule) }()
 	results := newTraffic(sc.Seed, urls).run(ctx, t0, plans)
@@ -182,8 +223,17 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(max(time.Until(lastKill.Add(sc.TTL+500*time.Millisecond)), time.Until(lastReturn.Add(time.Second)), 0))
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	end := scanRedis(sctx, rds.Addr)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	addr := ""
+	if sen != nil {
+		addr, err = sen.WaitStable(sctx)
+	} else {
+		addr = rds.Addr
+	}
+	end := redisState{Err: fmt.Sprint(err)}
+	if err == nil {
+		end = scanRedis(sctx, addr)
+	}
 	cancel()
 
 	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
@@ -253,7 +303,7 @@ func writeSummary(w io.Writer, o *outcome) {
 		fmt.Fprintf(w, "  +%6.2fs %-20s %s%s\n", f.Start.Sub(t0).Seconds(), f.Kind, f.Detail, errText)
 	}
 	var fk []string
-	for _, k := range faultKinds {
+	for _, k := range slices.Compact(slices.Sorted(slices.Values(o.Scenario.Kinds))) {
 		fk = append(fk, fmt.Sprintf("%s %d", k, kinds[k]))
 	}
 	mode := "idempotency"

@@ -76,13 +76,31 @@ func (r *chaosRedis) wipe() error {
 	return nil
 }
 
+// chaosSentinel is the failover phase's Redis: a master and a replica,
+// each with an fsynced append-only file, and three Sentinels.
+type chaosSentinel struct{ *redistest.Sentinel }
+
+func startSentinel() (*chaosSentinel, error) {
+	s, err := redistest.LaunchSentinel("--appendonly", "yes", "--appendfsync", "always")
+	if err != nil {
+		return nil, err
+	}
+	return &chaosSentinel{s}, nil
+}
+
+// redisLines are the nodes' redis block for the Sentinels, with replicas 1.
+func (s *chaosSentinel) redisLines() []string {
+	return []string{"mode sentinel", "master_name " + s.MasterName(), "address " + strings.Join(s.SentinelAddrs(), " "), "replicas 1"}
+}
+
 // nodeConfig is what a node's Caddyfile says.
 type nodeConfig struct {
 	Index      int
 	Addr       string // the site, 127.0.0.1:port
 	Admin      string // the admin endpoint, 127.0.0.1:port
 	Backend    string
-	Redis      string
+	Redis      string   // the address, or "" with RedisLines
+	RedisLines []string // more lines of the redis block
 	TTL        time.Duration
 	Timeout    time.Duration // Redis command timeout
 	LockOnly   bool          // no idempotency block
@@ -98,6 +116,10 @@ func (c nodeConfig) caddyfile() string {
 		}`
 	if c.LockOnly {
 		idem = ""
+	}
+	more := ""
+	for _, l := range c.RedisLines {
+		more += "\n\t\t\t" + l
 	}
 	return fmt.Sprintf(`{
 	admin %[1]s
@@ -118,7 +140,7 @@ http://%[3]s {
 		prefix %[5]s
 		redis %[6]s {
 			timeout %[7]s
-			dial_timeout %[7]s
+			dial_timeout %[7]s%[12]s
 		}%[8]s
 	}
 	reverse_proxy %[9]s {
@@ -129,7 +151,7 @@ http://%[3]s {
 	}
 }
 `, c.Admin, c.StorageDir, c.Addr, c.TTL, chaosPrefix, c.Redis, c.Timeout, idem,
-		c.Backend, c.Index, c.TTL+time.Second)
+		c.Backend, c.Index, c.TTL+time.Second, more)
 }
 
 // node is one Caddy process.
