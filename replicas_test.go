@@ -349,3 +349,24 @@ func failoverBehind(t *testing.T, replicas int, topo failover) int {
 	t.Logf("replicas %d: %d charges answered, %d ran again after the failover", replicas, len(keys), reran)
 	return reran
 }
+
+// BenchmarkReplicas is one request at a time through Caddy to a master with
+// one replica, in idempotency mode (a lock and an answer per request), with
+// `replicas 0` and `replicas 1`: what waiting for the replica adds.
+func BenchmarkReplicas(b *testing.B) {
+	master, _ := redistest.StartWithReplica(b)
+	backend := newRecorder(b, nil)
+	for _, n := range []int{0, 1} {
+		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
+			site := startCaddySite(b, paySite(master.Addr, backend.URL, redisLines(fmt.Sprintf("replicas %d", n)), idempotent()), siteOptions{})
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := range b.N {
+				r, err := site.send(ctx, "POST", "/pay", `{}`, "Idempotency-Key", fmt.Sprintf("bench-%d-%d", n, i))
+				if err != nil || r.Status != 200 {
+					b.Fatalf("%v %v", r, err)
+				}
+			}
+		})
+	}
+}
