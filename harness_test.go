@@ -244,11 +244,15 @@ func (s *caddySite) reload() {
 	// them would fail with EOF, as it would for any client.
 	s.client.CloseIdleConnections()
 	// A connection accepted while the old servers stop can still be closed
-	// under a request (EOF): wait until a request gets through.
-	for i := 0; i < 40; i++ {
+	// under a request (EOF, or a reset): wait until requests on new
+	// connections get through several times in a row.
+	for i, ok := 0, 0; i < 80 && ok < 5; i++ {
+		s.client.CloseIdleConnections()
 		if _, err := s.send(context.Background(), "GET", "/reload-probe", ""); err == nil {
-			break
+			ok++
+			continue
 		}
+		ok = 0
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.client.CloseIdleConnections()
