@@ -59,6 +59,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			retention    <duration>
 //			fingerprint  <part>...
 //			max_response <size>
+//			store        <class|status>...
 //		}
 //	}
 //
@@ -214,6 +215,14 @@ func (c *IdempotencyConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = sizeArg(d, &c.MaxResponse)
 		case "fingerprint":
 			err = c.parseFingerprint(d)
+		case "store":
+			c.Store = append(c.Store, d.RemainingArgs()...)
+			if len(c.Store) == 0 {
+				return d.ArgErr()
+			}
+			if _, perr := parseStorePolicy(c.Store); perr != nil {
+				return d.Err(perr.Error())
+			}
 		default:
 			return errUnknownSubdirective
 		}

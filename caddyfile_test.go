@@ -59,11 +59,13 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 					dial_timeout      3s
 					timeout           500ms
 					pool_size         20
+					replicas          1
 				}
 				idempotency {
 					retention    1h
 					fingerprint  method path header X-Tenant body
 					max_response 2MB
+					store        2xx 409
 				}
 			}`,
 			want: Handler{
@@ -75,11 +77,11 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 					Addresses: []string{"10.0.0.1:6379"}, Mode: "standalone", MasterName: "mymaster",
 					Username: "app", Password: "{env.REDIS_PASSWORD}", SentinelPassword: "s3cret", DB: 2,
 					TLS:         &RedisTLS{CA: "/ca.pem", Cert: "/c.pem", Key: "/k.pem", ServerName: "redis.internal", InsecureSkipVerify: true},
-					DialTimeout: d(3 * time.Second), Timeout: d(500 * time.Millisecond), PoolSize: 20,
+					DialTimeout: d(3 * time.Second), Timeout: d(500 * time.Millisecond), PoolSize: 20, Replicas: 1,
 				},
 				Idempotency: &IdempotencyConfig{
 					Retention: d(time.Hour), Fingerprint: []string{"method", "path", "body"},
-					FingerprintHeaders: []string{"X-Tenant"}, MaxResponse: 2000000,
+					FingerprintHeaders: []string{"X-Tenant"}, MaxResponse: 2000000, Store: []string{"2xx", "409"},
 				},
 			},
 		},
@@ -138,6 +140,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"idempotency unknown", "redis_lock k {\n idempotency {\n ttl 1h\n }\n}", `idempotency: unrecognized subdirective "ttl"`},
 		{"fingerprint part", "redis_lock k {\n idempotency {\n fingerprint cookie\n }\n}", `unknown fingerprint part "cookie"`},
 		{"fingerprint header name", "redis_lock k {\n idempotency {\n fingerprint header\n }\n}", "needs a header name"},
+		{"store teapot", "redis_lock k {\n idempotency {\n store 2xx teapot\n }\n}", `store "teapot" is neither a class`},
+		{"store 1xx", "redis_lock k {\n idempotency {\n store 1xx\n }\n}", `store "1xx" is neither a class`},
+		{"store 600", "redis_lock k {\n idempotency {\n store 600\n }\n}", `store "600" is neither a class`},
+		{"store nothing", "redis_lock k {\n idempotency {\n store\n }\n}", "wrong argument count"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

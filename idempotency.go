@@ -141,7 +141,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		store(h.unknownOutcome(), lost)
 		q.countOutcome(lost)
 		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
-	case notProcessed(rec.status):
+	case !h.Idempotency.policy.stores(rec.status):
 		store(nil, lost)
 	default:
 		store(rec.response(), lost)

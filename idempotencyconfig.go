@@ -42,6 +42,14 @@ type IdempotencyConfig struct {
 	// MaxResponse is the largest response body stored; a larger one is
 	// completed without its body and cannot be replayed. Default: 1MiB.
 	MaxResponse int64 `json:"max_response,omitempty"`
+	// Store lists the answers stored for retries: classes ("2xx") and
+	// statuses ("409"). A class leaves out 408, 425, 429 and 503; a status
+	// named is stored. An answer not stored frees the key, so that its
+	// retry runs; outcome-unknown is always stored. Default: every answer
+	// but 408, 425, 429 and 503.
+	Store []string `json:"store,omitempty"`
+
+	policy *storePolicy // Store, parsed at provision time; nil: the default
 }
 
 // applyDefaults fills in what is unset; nil stays nil (idempotency off).
@@ -72,6 +80,9 @@ func (c *IdempotencyConfig) validate() error {
 		if !slices.Contains(fingerprintParts, p) {
 			errs = append(errs, fmt.Errorf("idempotency: unknown fingerprint part %q (want method, path, query or body)", p))
 		}
+	}
+	if _, err := parseStorePolicy(c.Store); err != nil {
+		errs = append(errs, err)
 	}
 	for _, name := range c.FingerprintHeaders {
 		if !httpguts.ValidHeaderFieldName(name) {

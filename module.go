@@ -180,6 +180,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
 
+	if h.Idempotency != nil {
+		var err error
+		if h.Idempotency.policy, err = parseStorePolicy(h.Idempotency.Store); err != nil {
+			return fmt.Errorf("redis_lock: %w", err)
+		}
+	}
 	rc, err := h.Redis.resolve()
 	if err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
