@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // Placeholders the handler sets.
@@ -112,6 +113,11 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 	if errors.Is(err, lock.ErrNotReplicated) {
 		metrics.unacked.inc(writeLock)
 	}
+	result := resultUnavailable
+	if h.OnError == OnErrorFailOpen {
+		result = resultFailOpen
+	}
+	h.events.emit(eventRedisUnavailable, rkey, h.recordKey(rkey), 0, result)
 	if h.OnError == OnErrorFailOpen {
 		h.unavailable.warn(h.logger, "redis unavailable: passing the request on unlocked (fail_open)",
 			zap.String("key", rkey), zap.Error(err))
@@ -196,9 +202,19 @@ func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock)
 // lockLost logs and counts a lock lost while its request was in flight.
 func (h *Handler) lockLost(lk *lock.Lock, cause error) {
 	metrics.lost.Inc()
+	h.events.emit(eventLockLost, lk.Key(), h.recordKey(lk.Key()), lk.Fence(), resultLost)
 	h.logger.Warn("lock lost while the request was in flight",
 		zap.String("key", lk.Key()), zap.Int64("fencing_token", lk.Fence()),
 		zap.String("lost_lock", h.LostLock), zap.NamedError("cause", cause))
+}
+
+// recordKey is the idempotency record's key of the lock key rkey; "" when
+// the handler keeps no records.
+func (h *Handler) recordKey(rkey string) string {
+	if h.Idempotency == nil {
+		return ""
+	}
+	return record.Key(rkey)
 }
 
 // rejectBody answers a request whose body could not be read for the key:

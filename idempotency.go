@@ -194,14 +194,14 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 				time.Sleep(wait)
 				err = p.Complete(ctx, resp, retention)
 			}
-			h.stored(p.Lock, resp, err)
+			h.stored(p.Lock, resp, lost, err)
 		})
 		if started {
 			return
 		}
 	}
 	done()
-	h.stored(p.Lock, resp, err)
+	h.stored(p.Lock, resp, lost, err)
 }
 
 // again reports whether a completion that ended with err is tried again.
@@ -221,8 +221,9 @@ const completeRetryFor = 10 * time.Second
 // default) or a Cluster's cluster-node-timeout (15s).
 const unackedRetryFor = 2 * time.Minute
 
-// stored counts and logs the end of a completion.
-func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {
+// stored counts and logs the end of a completion of a request whose lock
+// was lost or not.
+func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err error) {
 	if errors.Is(err, lock.ErrNotReplicated) {
 		// Stored and released on the primary: a failover can lose it.
 		h.releaseWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
@@ -235,6 +236,11 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, err error) {
 	}
 	metrics.stored.Observe(float64(encodedSize(resp)))
 	if resp.Outcome == record.Unknown {
+		result := resultAcquired
+		if lost {
+			result = resultLost
+		}
+		h.events.emit(eventOutcomeUnknown, lk.Key(), record.Key(lk.Key()), lk.Fence(), result)
 		h.logger.Warn("outcome unknown: a problem response is stored in its place; DEL the record key to let a retry run",
 			zap.String("record_key", record.Key(lk.Key())), zap.Int64("fencing_token", lk.Fence()))
 	}

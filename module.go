@@ -154,6 +154,7 @@ type Handler struct {
 	inputs      keyInputs // what the key and scope read from a request
 	unavailable *rateLimitedWarn
 	releaseWarn *rateLimitedWarn
+	events      *events
 	holds       *holdTimes // for Retry-After
 }
 
@@ -170,6 +171,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.unavailable, h.releaseWarn = new(rateLimitedWarn), new(rateLimitedWarn)
+	ev, err := newEvents(ctx)
+	if err != nil {
+		return fmt.Errorf("redis_lock: the events app: %w", err)
+	}
+	h.events = ev
 	h.holds = new(holdTimes)
 	h.applyDefaults()
 	h.keyTmpl = parseTemplate(h.Key)

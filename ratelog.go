@@ -22,18 +22,27 @@ type rateLimitedWarn struct {
 
 // warn logs msg unless one was logged less than warnInterval ago.
 func (w *rateLimitedWarn) warn(l *zap.Logger, msg string, fields ...zap.Field) {
-	now := time.Now()
-	w.mu.Lock()
-	if now.Before(w.next) {
-		w.suppressed++
-		w.mu.Unlock()
+	ok, n := w.allow()
+	if !ok {
 		return
 	}
-	n := w.suppressed
-	w.suppressed, w.next = 0, now.Add(warnInterval)
-	w.mu.Unlock()
 	if n > 0 {
 		fields = append(fields, zap.Int("suppressed", n))
 	}
 	l.Warn(msg, fields...)
+}
+
+// allow reports whether one more may go out now, and how many were held
+// back since the last one.
+func (w *rateLimitedWarn) allow() (bool, int) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if now.Before(w.next) {
+		w.suppressed++
+		return false, 0
+	}
+	n := w.suppressed
+	w.suppressed, w.next = 0, now.Add(warnInterval)
+	return true, n
 }
