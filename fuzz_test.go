@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,4 +109,43 @@ func walkStd(v any, path string) (string, bool) {
 	}
 	s, ok := v.(string)
 	return s, ok
+}
+
+// FuzzFormKey: reading a key field from any form body never panics; a
+// field it accepts is what url.ParseQuery reads, and no other field of the
+// body folds onto it.
+func FuzzFormKey(f *testing.F) {
+	f.Add("order_id=o-1&amount=10", "order_id")
+	f.Add("order_id=a&order_id=b", "order_id")
+	f.Add("order.id=a&order_id=b", "order_id")
+	f.Add("metadata%5Border_id%5D=m&x=1", "metadata[order_id]")
+	f.Add("a=%zz", "a")
+	f.Add("a=1;b=2", "a")
+	f.Fuzz(func(t *testing.T, body, name string) {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		vals, err := parseForm(r, []byte(body))
+		if err != nil {
+			if !errors.Is(err, errNotForm) {
+				t.Fatalf("parse error %v is not errNotForm", err)
+			}
+			return
+		}
+		got, err := formField(vals, name)
+		if err != nil {
+			if !errors.Is(err, errAmbiguousForm) {
+				t.Fatalf("field error %v is not errAmbiguousForm", err)
+			}
+			return
+		}
+		std, _ := url.ParseQuery(body)
+		if got != std.Get(name) || len(std[name]) > 1 {
+			t.Fatalf("field %q: key reads %q, url.ParseQuery %q", name, got, std[name])
+		}
+		for other := range std {
+			if other != name && phpName(other) == phpName(name) {
+				t.Fatalf("field %q accepted beside %q, which a backend reads as it", name, other)
+			}
+		}
+	})
 }

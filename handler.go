@@ -59,6 +59,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		repl.Map(fields)
 	}
+	if len(h.inputs.formNames) > 0 {
+		vals, err := parseForm(r, body)
+		if err != nil {
+			return h.reject(w, repl, resultRejected, problemInvalidForm)
+		}
+		fields, err := formFields(vals, h.inputs.formNames)
+		if err != nil {
+			return h.reject(w, repl, resultRejected, problemAmbiguousKey)
+		}
+		repl.Map(fields)
+	}
 	scope, scopeMissing, err := h.scopeTmpl.expand(repl, nil)
 	if err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)

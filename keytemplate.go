@@ -31,6 +31,7 @@ type keyInputs struct {
 	queries   []string
 	cookies   []string
 	jsonPaths []string // after jsonPrefix
+	formNames []string // after formPrefix
 }
 
 func parseTemplate(s string) template {
@@ -48,6 +49,8 @@ func parseTemplate(s string) template {
 			in.cookies = appendNew(in.cookies, key[len(cookiePrefix):])
 		case strings.HasPrefix(key, jsonPrefix):
 			in.jsonPaths = appendNew(in.jsonPaths, key[len(jsonPrefix):])
+		case strings.HasPrefix(key, formPrefix):
+			in.formNames = appendNew(in.formNames, key[len(formPrefix):])
 		}
 		return val, nil
 	})
@@ -74,6 +77,9 @@ func (in keyInputs) merge(o keyInputs) keyInputs {
 	}
 	for _, p := range o.jsonPaths {
 		in.jsonPaths = appendNew(in.jsonPaths, p)
+	}
+	for _, n := range o.formNames {
+		in.formNames = appendNew(in.formNames, n)
 	}
 	return in
 }

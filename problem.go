@@ -54,6 +54,8 @@ var (
 		"The request does not carry the value this endpoint is keyed by.")
 	problemInvalidJSON = newProblem("invalid-json", http.StatusBadRequest, stripeInvalidRequestError, "Invalid JSON body",
 		"The request body must be a JSON document.")
+	problemInvalidForm = newProblem("invalid-form", http.StatusBadRequest, stripeInvalidRequestError, "Invalid form body",
+		"The request body must be application/x-www-form-urlencoded form data.")
 	problemAmbiguousKey = newProblem("ambiguous-key", http.StatusBadRequest, stripeInvalidRequestError, "Ambiguous request key",
 		"The value this endpoint is keyed by appears more than once in the request, or in another letter case.")
 	problemBodyTimeout = newProblem("body-timeout", http.StatusRequestTimeout, stripeInvalidRequestError, "Request body timeout",
