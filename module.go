@@ -22,7 +22,7 @@ import (
 )
 
 func init() {
-	caddy.RegisterModule(Handler{})
+	caddy.RegisterModule(new(Handler))
 }
 
 // Values of the enumerated options.
@@ -158,8 +158,11 @@ type Handler struct {
 	holds       *holdTimes // for Retry-After
 }
 
-// CaddyModule returns the Caddy module information.
-func (Handler) CaddyModule() caddy.ModuleInfo {
+// CaddyModule returns the Caddy module information. A pointer receiver: the
+// events app asks an event's origin for it in the goroutine that emits the
+// event, and a value receiver would copy the handler there while Cleanup
+// writes it.
+func (*Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.redis_lock",
 		New: func() caddy.Module { return new(Handler) },
