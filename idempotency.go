@@ -236,6 +236,7 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err er
 	}
 	metrics.stored.Observe(float64(encodedSize(resp)))
 	if resp.Outcome == record.Unknown {
+		metrics.unknown.Inc()
 		result := resultAcquired
 		if lost {
 			result = resultLost

@@ -22,6 +22,7 @@ var metrics = struct {
 	release  labelled
 	stored   prometheus.Histogram
 	unacked  labelled
+	unknown  prometheus.Counter
 }{}
 
 // labelled is a counter with a result label whose counters for the known
@@ -89,6 +90,10 @@ func initMetrics() {
 		Help:    "Size of the responses stored for idempotency (body and headers).",
 		Buckets: prometheus.ExponentialBuckets(64, 4, 9), // 64 B to 4 MiB
 	})
+	metrics.unknown = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "outcomes_unknown_total",
+		Help: "Outcome-unknown records stored (the backend was reached and its answer never came): each needs a look at the backend, then DEL of its record key.",
+	})
 	metrics.unacked = newLabelledBy(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "replication_misses_total",
 		Help: "Writes that fewer replicas than `replicas` acknowledged in time, by write (lock: answered 503; renewal: the lease not extended; answer: sent, and written again in the background).",
@@ -110,7 +115,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec,
+		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec, metrics.unknown,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {
