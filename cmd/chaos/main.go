@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -47,6 +48,7 @@ type scenario struct {
 	MaxGap      time.Duration
 	Bin         string // a Caddy binary with the plugin; empty: build one
 	Keep        bool   // keep the work directory (logs, Redis data)
+	Scrape      string // write node 0's /metrics, scraped twice a second, and the faults, to this file
 	Discard     bool   // remove it even after a violation (kept by default then)
 }
 
@@ -97,6 +99,7 @@ func main() {
 	phase := flag.String("phase", "all", "all: the full scenario, then the failover phase; full; failover")
 	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
 	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data)")
+	scrapeTo := flag.String("scrape", "", "write node 0's /metrics, scraped twice a second, and the faults to this file (a phase's name is added before the extension); go run ./cmd/metricsplot draws them")
 	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
 	flag.Parse()
 	var scs []scenario
@@ -119,6 +122,10 @@ func main() {
 	failed := false
 	for _, sc := range scs {
 		sc.LockOnly, sc.Keep = *lockOnly, *keep
+		if *scrapeTo != "" {
+			ext := filepath.Ext(*scrapeTo)
+			sc.Scrape = strings.TrimSuffix(*scrapeTo, ext) + "-" + sc.Name + ext
+		}
 		o, err := runScenario(ctx, sc, os.Stdout)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "chaos:", err)
@@ -199,11 +206,26 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		sc.Name, sc.Seed, mode, sc.Nodes, redisDesc, sc.TTL, sc.Keys, sc.Spread, len(schedule), dir)
 
 	t0 := time.Now().Add(200 * time.Millisecond)
+	var scraped chan error
+	stopScrape := make(chan struct{})
+	if sc.Scrape != "" {
+		scraped = make(chan error, 1)
+		go func() { scraped <- scrapeMetrics(sc.Scrape, nodes[0].cfg.Admin, t0, stopScrape) }()
+	}
 	in := &injector{redis: rds, sentinel: sen, nodes: nodes, backend: be, ttl: sc.TTL}
 	faultsDone := make(chan []faultEvent, 1)
 	go func() { faultsDone <- in.run(ctx, t0, schedule) }()
 	results := newTraffic(sc.Seed, urls).run(ctx, t0, plans)
 	faults := <-faultsDone
+	if scraped != nil {
+		close(stopScrape)
+		if err := <-scraped; err != nil {
+			return o, err
+		}
+		if err := appendFaults(sc.Scrape, t0, faults); err != nil {
+			return o, err
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return o, err
 	}
