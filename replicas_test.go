@@ -38,13 +38,7 @@ func TestReplicasAcknowledge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var replica *redistest.Server
-		for _, a := range s.Addrs() {
-			if a != masterAddr {
-				replica = s.Node(a)
-			}
-		}
-		replicasAcknowledge(t, s.Node(masterAddr), replica,
+		replicasAcknowledge(t, s.Node(masterAddr), s.Replica(masterAddr),
 			[]string{"mode sentinel", "master_name " + s.MasterName(), "address " + strings.Join(s.SentinelAddrs(), " ")})
 	})
 }
@@ -212,11 +206,7 @@ func sentinelFailover(t *testing.T) failover {
 			if master, err = s.MasterAddr(ctx); err != nil {
 				return err
 			}
-			for _, a := range s.Addrs() {
-				if a != master {
-					replica = s.Node(a)
-				}
-			}
+			replica = s.Replica(master)
 			return redistest.CutReplicas(ctx, master, replica)
 		},
 		fail: func(ctx context.Context) error {

@@ -171,12 +171,7 @@ func (in *injector) failover(ctx context.Context, ev *faultEvent) error {
 	if err != nil {
 		return err
 	}
-	var replica *redistest.Server
-	for _, a := range s.Addrs() {
-		if a != master {
-			replica = s.Node(a)
-		}
-	}
+	replica := s.Replica(master)
 	busy := in.backend.busy(-1)
 	ev.Start = time.Now()
 	if err := redistest.CutReplicas(fctx, master, replica); err != nil {

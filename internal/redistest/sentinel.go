@@ -157,6 +157,16 @@ func (s *Sentinel) Node(addr string) *Server {
 	return nil
 }
 
+// Replica is the data server that is not the one at masterAddr.
+func (s *Sentinel) Replica(masterAddr string) *Server {
+	for _, d := range s.data {
+		if d.Addr != masterAddr {
+			return d
+		}
+	}
+	return nil
+}
+
 // MasterAddr asks the Sentinels, in turn, for the current master address.
 func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
 	err := errors.New("redistest: no Sentinel running")
