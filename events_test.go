@@ -96,9 +96,13 @@ func TestEvents(t *testing.T) {
 		t.Errorf("the next redis_unavailable: %v, want down-3 with suppressed 1", e.Data)
 	}
 
-	// outcome_unknown: a backend that broke off.
+	// outcome_unknown: a backend that broke off; counted too.
+	unknownBefore := counterValue(t, metrics.unknown)
 	expectProblem(t, sites[0].do("POST", "/pay/reset", `{}`, "Idempotency-Key", "reset"), http.StatusBadGateway)
 	e = nextEvent(t, eventOutcomeUnknown)
+	if got := counterValue(t, metrics.unknown); got != unknownBefore+1 {
+		t.Errorf("outcomes_unknown_total %v -> %v, want +1", unknownBefore, got)
+	}
 	if d := e.Data; d["redis_key"] != defaultKey("reset") || d["record_key"] != record.Key(defaultKey("reset")) || d["result"] != resultAcquired {
 		t.Errorf("outcome_unknown data %v", d)
 	} else if f, _ := d["fencing_token"].(int64); f <= 0 {
