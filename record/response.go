@@ -77,23 +77,38 @@ func appendString(b []byte, s string) []byte {
 
 var errCorrupt = errors.New("record: stored response is corrupt")
 
-// decode reads a completed record.
-func decode(b []byte) (fingerprint string, r *Response, err error) {
-	if len(b) < 1+fingerprintLen+4 || b[0] != 'C' {
-		return "", nil, errCorrupt
+// headLen is the length of a completed record's head: 'C', the
+// fingerprint, the version, the outcome and the status.
+const headLen = 1 + fingerprintLen + 4
+
+// decodeHead reads the outcome and status of a completed record from its
+// head (at least headLen bytes of it).
+func decodeHead(b []byte) (Outcome, int, error) {
+	if len(b) < headLen || b[0] != 'C' {
+		return 0, 0, errCorrupt
 	}
-	fingerprint = string(b[1 : 1+fingerprintLen])
 	b = b[1+fingerprintLen:]
 	if b[0] != formatVersion {
-		return "", nil, fmt.Errorf("%w: format version %d", errCorrupt, b[0])
+		return 0, 0, fmt.Errorf("%w: format version %d", errCorrupt, b[0])
 	}
-	r = &Response{Outcome: Outcome(b[1]), Status: int(binary.BigEndian.Uint16(b[2:4]))}
-	switch r.Outcome {
+	o := Outcome(b[1])
+	switch o {
 	case Replayable, NotReplayable, Unknown:
 	default:
-		return "", nil, fmt.Errorf("%w: outcome %q", errCorrupt, b[1])
+		return 0, 0, fmt.Errorf("%w: outcome %q", errCorrupt, b[1])
 	}
-	b = b[4:]
+	return o, int(binary.BigEndian.Uint16(b[2:4])), nil
+}
+
+// decode reads a completed record.
+func decode(b []byte) (fingerprint string, r *Response, err error) {
+	outcome, status, err := decodeHead(b)
+	if err != nil {
+		return "", nil, err
+	}
+	fingerprint = string(b[1 : 1+fingerprintLen])
+	r = &Response{Outcome: outcome, Status: status}
+	b = b[headLen:]
 	d := decoder{b: b}
 	nh := d.uvarint()
 	if nh > uint64(len(b)) {

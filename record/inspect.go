@@ -1,0 +1,253 @@
+package record
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
+	"github.com/reqlock/caddy-redis-lock/lock"
+)
+
+// An operator's scripts: one round trip each, the lock and the record read
+// or changed together (they share a slot, so this works in a Cluster too).
+var (
+	//go:embed inspect.lua
+	inspectSrc    string
+	inspectScript = redisscript.New(inspectSrc)
+
+	//go:embed remove.lua
+	removeSrc    string
+	removeScript = redisscript.New(removeSrc)
+)
+
+// Errors of Remove, for errors.Is.
+var (
+	// ErrHeld: the key's lock is held (its request is in progress), and
+	// nothing was removed.
+	ErrHeld = errors.New("record: the key's lock is held")
+	// ErrNoRecord: the key has no record to remove.
+	ErrNoRecord = errors.New("record: the key has no record")
+)
+
+// Inspection is what Redis holds for one key, as an operator looks it up.
+type Inspection struct {
+	// Held: a request holds the key's lock, with the fencing token Fence,
+	// for LockTTL more.
+	Held    bool
+	Fence   int64
+	LockTTL time.Duration
+	// InProgress: the holder is a request whose outcome is to be stored
+	// (Begin's lock, which keeps its fingerprint).
+	InProgress bool
+	// Record is the stored outcome, nil when there is none; it expires in
+	// RecordTTL.
+	Record    *Response
+	RecordTTL time.Duration
+
+	holder string // the holder's token
+}
+
+// NodeInspection is one Redlock master's part of an Inspection.
+type NodeInspection struct {
+	Name string
+	Inspection
+	Err error // the master did not answer
+}
+
+// Inspect looks up the lock and the record of lockKey. In Redlock mode the
+// answer is what a request with the key meets: the lock held when a
+// majority of the masters hold it for one holder (its fencing token the
+// largest they have, its TTL how long a majority keeps it), and the record
+// that any master has, which a retry replays; nodes holds each master's
+// own view. With one Redis, nodes is nil.
+func (s *Store) Inspect(ctx context.Context, lockKey string) (Inspection, []NodeInspection, error) {
+	if len(s.nodes) == 1 {
+		in, err := inspectOn(ctx, s.nodes[0], lockKey)
+		return in, nil, err
+	}
+	nodes := make([]NodeInspection, len(s.nodes))
+	s.onEvery(func(i int, n *lock.Redis) {
+		nodes[i].Name = s.names[i]
+		nodes[i].Inspection, nodes[i].Err = inspectOn(ctx, n, lockKey)
+	})
+	in, err := s.summarise(nodes)
+	return in, nodes, err
+}
+
+// onEvery runs f on every master at once and waits for them all.
+func (s *Store) onEvery(f func(i int, n *lock.Redis)) {
+	var wg sync.WaitGroup
+	for i, n := range s.nodes {
+		wg.Go(func() { f(i, n) })
+	}
+	wg.Wait()
+}
+
+// summarise is the Redlock answer of Inspect from its masters' answers.
+func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
+	var in Inspection
+	var errs []error
+	for _, n := range nodes {
+		if n.Err != nil {
+			errs = append(errs, &lock.NodeError{Node: n.Name, Err: n.Err})
+			continue
+		}
+		if n.Record != nil && (in.Record == nil || n.RecordTTL > in.RecordTTL) {
+			in.Record, in.RecordTTL = n.Record, n.RecordTTL
+		}
+		if n.Held {
+			in.InProgress = in.InProgress || n.InProgress
+		}
+	}
+	if len(errs) > len(nodes)-s.quorum {
+		return Inspection{}, fmt.Errorf("%w: no majority of the masters answered: %w", lock.ErrUnavailable, errors.Join(errs...))
+	}
+	// One holder's fencing token differs from master to master (each
+	// issues its own, and the largest is written back to a majority), so
+	// a holder is known by its token: group the masters by it.
+	byHolder := map[string][]NodeInspection{}
+	for _, n := range nodes {
+		if n.Err == nil && n.Held {
+			byHolder[n.holder] = append(byHolder[n.holder], n)
+		}
+	}
+	for _, held := range byHolder {
+		if len(held) < s.quorum {
+			continue
+		}
+		slices.SortFunc(held, func(a, b NodeInspection) int { return cmp.Compare(b.LockTTL, a.LockTTL) })
+		in.Held, in.LockTTL = true, held[s.quorum-1].LockTTL
+		for _, n := range held {
+			in.Fence = max(in.Fence, n.Fence)
+		}
+	}
+	return in, nil
+}
+
+// inspectOn is Inspect on one Redis.
+func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, error) {
+	cmd, err := redisscript.ConnOf(n).Run(ctx, inspectScript, []string{lockKey, Key(lockKey)})
+	if err != nil && !redisscript.Unreplicated(err) {
+		return Inspection{}, redisscript.Classify(ctx, err)
+	}
+	reply, ok := cmd.Val().([]any)
+	if !ok || len(reply) != 4 {
+		return Inspection{}, fmt.Errorf("record: inspect: unexpected reply %v", cmd.Val())
+	}
+	var in Inspection
+	fields, _ := reply[0].([]any)
+	for i := 0; i+1 < len(fields); i += 2 {
+		name, _ := fields[i].(string)
+		val, _ := fields[i+1].(string)
+		switch {
+		case strings.HasPrefix(name, "fp:"):
+			in.InProgress = true
+		case !strings.Contains(name, ":"): // the holder's token
+			in.Held, in.holder = true, name
+			in.Fence, _ = strconv.ParseInt(val, 10, 64)
+		}
+	}
+	in.InProgress = in.InProgress && in.Held
+	if pttl, _ := reply[1].(int64); in.Held && pttl > 0 {
+		in.LockTTL = time.Duration(pttl) * time.Millisecond
+	}
+	if v, ok := reply[2].(string); ok {
+		_, resp, err := decode([]byte(v))
+		if err != nil {
+			return Inspection{}, err
+		}
+		in.Record = resp
+		if pttl, _ := reply[3].(int64); pttl > 0 {
+			in.RecordTTL = time.Duration(pttl) * time.Millisecond
+		}
+	}
+	return in, nil
+}
+
+// Remove deletes the record of lockKey, so that the next request with the
+// key runs again, and returns the outcome and status the record held. It
+// never touches a held lock: while the key's lock is held it returns
+// ErrHeld and deletes nothing. ErrNoRecord: there was nothing to remove.
+//
+// In Redlock mode the record is removed from every master, since a retry
+// replays a record that any master has: when one does not answer, nothing
+// is removed and the error matches ErrUnavailable; when one holds the lock,
+// nothing is removed either (ErrHeld). Should a master fail between the
+// check and the removal, the others' records are gone: call Remove again.
+func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, int, error) {
+	if len(s.nodes) > 1 {
+		// A request in progress holds the lock on some master: leave every
+		// master's record alone, not only that master's.
+		_, nodes, err := s.Inspect(ctx, lockKey)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, n := range nodes {
+			if n.Err != nil {
+				// Removed from the others, the record would still be
+				// replayed once this master is back.
+				return 0, 0, fmt.Errorf("%w: master %s did not answer, nothing removed: %w", lock.ErrUnavailable, n.Name, n.Err)
+			}
+			if n.Held {
+				return 0, 0, ErrHeld
+			}
+		}
+	}
+	type removed struct {
+		outcome Outcome
+		status  int
+		err     error
+	}
+	results := make([]removed, len(s.nodes))
+	s.onEvery(func(i int, n *lock.Redis) {
+		r := &results[i]
+		r.outcome, r.status, r.err = removeOn(ctx, n, lockKey)
+		if r.err != nil && len(s.nodes) > 1 && !errors.Is(r.err, ErrHeld) && !errors.Is(r.err, ErrNoRecord) {
+			r.err = &lock.NodeError{Node: s.names[i], Err: r.err}
+		}
+	})
+	var found *removed
+	var errs []error
+	for i := range results {
+		r := &results[i]
+		switch {
+		case r.err == nil:
+			found = r
+		case errors.Is(r.err, ErrHeld):
+			return 0, 0, ErrHeld
+		case !errors.Is(r.err, ErrNoRecord):
+			errs = append(errs, r.err)
+		}
+	}
+	if len(errs) > 0 {
+		return 0, 0, errors.Join(errs...)
+	}
+	if found == nil {
+		return 0, 0, ErrNoRecord
+	}
+	return found.outcome, found.status, nil
+}
+
+// removeOn is Remove on one Redis.
+func removeOn(ctx context.Context, n *lock.Redis, lockKey string) (Outcome, int, error) {
+	cmd, err := redisscript.ConnOf(n).Run(ctx, removeScript, []string{lockKey, Key(lockKey)})
+	if err != nil && !redisscript.Unreplicated(err) {
+		return 0, 0, redisscript.Classify(ctx, err)
+	}
+	head, _ := cmd.Val().(string)
+	switch head {
+	case "H":
+		return 0, 0, ErrHeld
+	case "":
+		return 0, 0, ErrNoRecord
+	}
+	return decodeHead([]byte(head))
+}
