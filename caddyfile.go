@@ -28,6 +28,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	redis_lock [<matcher>] [<key>] {
+//		name           <string>
 //		key            <template>
 //		ttl            <duration>
 //		renew          <duration>|off
@@ -80,6 +81,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("key given more than once")
 		}
 		switch name {
+		case "name":
+			err = oneArg(d, &h.Name)
 		case "key":
 			err = oneArg(d, &h.Key)
 		case "ttl":

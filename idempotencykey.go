@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -68,4 +69,58 @@ func idempotencyKeyPlaceholder(key string, val any) (any, error) {
 		return val, nil
 	}
 	return idempotencyKeyValue(caddy.ToString(val))
+}
+
+// normaliseKey is the key an operator gives for a template's expansion
+// (the admin API), as the handler of an idempotency key hashes it: the
+// value of each header in it read as an Idempotency-Key, so that the
+// header's sf-string form ("abc") names the same key as its bare form. A
+// key that does not follow the template's literal parts, or whose header
+// values cannot be told apart, is left as it is.
+func normaliseKey(t template, key string) (string, error) {
+	if !strings.Contains(key, `"`) {
+		return key, nil // no sf-string: every value reads as itself
+	}
+	var isHeader []bool
+	skeleton, _ := caddy.NewEmptyReplacer().ReplaceFunc(t.raw, func(ph string, _ any) (any, error) {
+		isHeader = append(isHeader, strings.HasPrefix(ph, headerPrefix))
+		return "\x00", nil
+	})
+	lits := strings.Split(skeleton, "\x00")
+	if !slices.Contains(isHeader, true) || !strings.HasPrefix(key, lits[0]) {
+		return key, nil
+	}
+	var b strings.Builder
+	b.WriteString(lits[0])
+	rest := key[len(lits[0]):]
+	for i, header := range isHeader {
+		next := lits[i+1]
+		var val string
+		switch {
+		case i == len(isHeader)-1:
+			if !strings.HasSuffix(rest, next) {
+				return key, nil
+			}
+			val, rest = rest[:len(rest)-len(next)], next
+		case next == "":
+			return key, nil // two placeholders side by side
+		default:
+			j := strings.Index(rest, next)
+			if j < 0 {
+				return key, nil
+			}
+			val, rest = rest[:j], rest[j:]
+		}
+		if header {
+			v, err := idempotencyKeyValue(val)
+			if err != nil {
+				return "", err
+			}
+			val = v
+		}
+		b.WriteString(val)
+		b.WriteString(next)
+		rest = rest[len(next):]
+	}
+	return b.String(), nil
 }

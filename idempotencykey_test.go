@@ -31,3 +31,29 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 		t.Fatalf("backend reached %d times, want 3", be.executions())
 	}
 }
+
+// The admin API's key, read as the handler reads the header values in it.
+func TestNormaliseKey(t *testing.T) {
+	for _, c := range []struct {
+		tmpl, key, want string
+		invalid         bool
+	}{
+		{"{http.request.header.Idempotency-Key}", `abc`, "abc", false},
+		{"{http.request.header.Idempotency-Key}", `"abc"`, "abc", false},
+		{"{http.request.header.Idempotency-Key}", `"a\"b"`, `a"b`, false},
+		{"{http.request.header.Idempotency-Key}", `"abc`, "", true},
+		{"pay:{http.request.header.Idempotency-Key}:v1", `pay:"abc":v1`, "pay:abc:v1", false},
+		{"{http.request.header.X-Tenant}/{http.request.header.Idempotency-Key}", `"t"/"k"`, "t/k", false},
+		{"{http.request.header.X-Tenant}/{http.request.header.Idempotency-Key}", `t/"k"`, "t/k", false},
+		// A JSON value is taken as it is.
+		{"order:{http.redis_lock.json.id}", `order:"7"`, `order:"7"`, false},
+		// Not the template's shape, or values side by side: as given.
+		{"pay:{http.request.header.Idempotency-Key}", `other:"abc"`, `other:"abc"`, false},
+		{"{http.request.header.A}{http.request.header.B}", `"a""b"`, `"a""b"`, false},
+	} {
+		got, err := normaliseKey(parseTemplate(c.tmpl), c.key)
+		if (err != nil) != c.invalid || got != c.want {
+			t.Errorf("%s with %s: %q, %v; want %q (invalid %v)", c.tmpl, c.key, got, err, c.want, c.invalid)
+		}
+	}
+}

@@ -64,6 +64,12 @@ const (
 //
 // The same values label the caddy_redis_lock_requests_total metric.
 type Handler struct {
+	// Name names the handler in the admin API (/redis_lock/), where it may
+	// be left out of a query while the config has one handler. Unique in a
+	// config: given twice, it must be to copies of one configuration (a
+	// snippet imported into several sites). Default: none.
+	Name string `json:"name,omitempty"`
+
 	// Key is the template of the lock's name: Caddy placeholders such as
 	// {http.request.header.Idempotency-Key}, plus
 	// {http.redis_lock.json.<path>} for fields of a JSON request body
@@ -156,6 +162,7 @@ type Handler struct {
 	releaseWarn *rateLimitedWarn
 	events      *events
 	holds       *holdTimes // for Retry-After
+	redisMode   string     // resolved: for the admin API's list
 }
 
 // CaddyModule returns the Caddy module information. A pointer receiver: the
@@ -204,6 +211,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
 	h.client, h.poolKey = client, key
+	h.redisMode = rc.Mode
 	h.locker = lock.NewWithBackend(client.backend, &lock.Config{
 		OnRenew: observeRenew,
 		// One attempt and at most one retry, pool wait and dial included;
@@ -215,6 +223,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.store, err = record.NewStore(h.locker); err != nil {
 			return fmt.Errorf("redis_lock: %w", err)
 		}
+	}
+	if err := register(ctx, h); err != nil {
+		return fmt.Errorf("redis_lock: %w", err)
 	}
 	h.logger.Debug("redis_lock provisioned",
 		zap.Object("redis", rc), zap.Duration("ttl", time.Duration(h.TTL)))
@@ -294,6 +305,7 @@ func (h *Handler) Validate() error {
 // Cleanup gives the Redis client back to the shared pool; the last user
 // closes it.
 func (h *Handler) Cleanup() error {
+	unregister(h)
 	if h.poolKey == "" {
 		return nil
 	}

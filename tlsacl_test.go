@@ -144,10 +144,10 @@ func TestMinimalACLUserWaits(t *testing.T) {
 	}
 	backend := firstSlow(t, 300*time.Millisecond)
 	auth := []string{"username caddy", "password " + aclPassword}
-	sites := startCaddySites(t, siteOptions{},
+	sites := startCaddySites(t, siteOptions{admin: true},
 		paySite(srv.Addr, backend.URL, redisLines(auth...), lockLines("wait 3s")),
 		paySite(srv.Addr, backend.URL, redisLines(auth...), lockLines("wait 3s"), idempotent()),
-		paySite(srv.Addr, backend.URL, redisLines(auth...), idempotent()))
+		paySite(srv.Addr, backend.URL, redisLines(auth...), lockLines("name acl"), idempotent()))
 	for i, mode := range []string{"lock", "idempotency"} {
 		// Woken, a few ms; polling, up to 244ms (TestWaitWokenByRelease).
 		if lags := waitLags(t, sites[i], "acl-"+mode, 1, 300*time.Millisecond); lags[0] > 100*time.Millisecond {
@@ -165,4 +165,11 @@ func TestMinimalACLUserWaits(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	expectProblem(t, sites[2].do("POST", "/pay", `{}`, "Idempotency-Key", "acl-busy"), http.StatusConflict)
 	<-done
+	// The admin API's lookup and removal run as the same user.
+	if st := sites[2].lookup(keyQuery("key", "acl-busy", "name", "acl")); st.Record.State != stateCompleted {
+		t.Errorf("admin lookup: %+v", st.Record)
+	}
+	if r := sites[2].admin("DELETE", "/redis_lock/keys", keyQuery("key", "acl-busy", "name", "acl"), nil); r.Status != http.StatusOK {
+		t.Errorf("admin DELETE: %s", r)
+	}
 }

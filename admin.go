@@ -1,0 +1,275 @@
+package redislock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI serves /redis_lock/ on Caddy's admin endpoint, under its access
+// controls: the configured handlers, and the lock and record of one key,
+// which an operator may clear (an outcome-unknown record, say) so that the
+// next retry runs.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.redis_lock",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes returns the admin API's routes.
+func (a adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/redis_lock/", Handler: caddy.AdminHandlerFunc(a.serveList)},
+		{Pattern: "/redis_lock/keys", Handler: caddy.AdminHandlerFunc(a.serveKey)},
+	}
+}
+
+// handlerInfo is a handler in the list: no secrets.
+type handlerInfo struct {
+	Name        string `json:"name"`
+	Prefix      string `json:"prefix"`
+	Mode        string `json:"mode"`
+	Idempotency bool   `json:"idempotency"`
+}
+
+// serveList answers GET /redis_lock/ with the active config's handlers.
+func (adminAPI) serveList(w http.ResponseWriter, r *http.Request) error {
+	if r.URL.Path != "/redis_lock/" {
+		return apiError(http.StatusNotFound, "not found: %s", r.URL.Path)
+	}
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		return apiError(http.StatusMethodNotAllowed, "method not allowed: %s", r.Method)
+	}
+	list := []handlerInfo{}
+	for _, h := range activeHandlers() {
+		list = append(list, handlerInfo{Name: h.Name, Prefix: h.Prefix, Mode: h.redisMode, Idempotency: h.Idempotency != nil})
+	}
+	// By name: the order handlers are provisioned in is the servers'
+	// map order, not the config's.
+	slices.SortStableFunc(list, func(a, b handlerInfo) int { return strings.Compare(a.Name, b.Name) })
+	return writeJSON(w, http.StatusOK, list)
+}
+
+// keyState is the answer of GET /redis_lock/keys.
+type keyState struct {
+	Name      string       `json:"name"`
+	Key       string       `json:"key"`
+	RedisKey  string       `json:"redis_key"`
+	RecordKey string       `json:"record_key,omitempty"`
+	Lock      lockState    `json:"lock"`
+	Record    *recordState `json:"record,omitempty"`
+	// Nodes are the Redlock masters' own answers.
+	Nodes []nodeState `json:"nodes,omitempty"`
+}
+
+type lockState struct {
+	Held         bool  `json:"held"`
+	FencingToken int64 `json:"fencing_token,omitempty"`
+	TTLMs        int64 `json:"ttl_ms,omitempty"`
+}
+
+type recordState struct {
+	State       string `json:"state"`
+	Status      int    `json:"status,omitempty"`
+	BodyBytes   *int   `json:"body_bytes,omitempty"`
+	ExpiresInMs int64  `json:"expires_in_ms,omitempty"`
+}
+
+type nodeState struct {
+	Name   string       `json:"name"`
+	Error  string       `json:"error,omitempty"`
+	Lock   *lockState   `json:"lock,omitempty"`
+	Record *recordState `json:"record,omitempty"`
+}
+
+// The states of a record.
+const (
+	stateNone           = "none"
+	stateInProgress     = "in_progress"
+	stateCompleted      = "completed"
+	stateOutcomeUnknown = "outcome_unknown"
+	stateNotReplayable  = "not_replayable"
+)
+
+// serveKey answers GET (look up) and DELETE (clear the record) on
+// /redis_lock/keys?key=<key>&scope=<scope>&name=<name>.
+func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
+		w.Header().Set("Allow", "GET, DELETE")
+		return apiError(http.StatusMethodNotAllowed, "method not allowed: %s", r.Method)
+	}
+	q := r.URL.Query()
+	for _, p := range []string{"key", "scope", "name"} {
+		if len(q[p]) > 1 {
+			return apiError(http.StatusBadRequest, "%s is given more than once", p)
+		}
+	}
+	if q.Get("key") == "" {
+		return apiError(http.StatusBadRequest, "key is required: the expanded key template, such as the Idempotency-Key header's value")
+	}
+	h, err := findHandler(q.Get("name"))
+	if err != nil {
+		return err
+	}
+	key := q.Get("key")
+	if h.Idempotency != nil {
+		if key, err = normaliseKey(h.keyTmpl, key); err != nil {
+			return apiError(http.StatusBadRequest, "key %q is not a valid Idempotency-Key value (a token or an sf-string of 1 to 255 printable ASCII characters)", q.Get("key"))
+		}
+	}
+	rkey := lock.Key(h.Prefix, q.Get("scope"), key)
+	store, err := h.inspector()
+	if err != nil {
+		return err
+	}
+	h.client.hold()
+	defer h.client.done()
+	ctx, cancel := context.WithTimeout(r.Context(), h.locker.Config().CallTimeout)
+	defer cancel()
+	if r.Method == http.MethodDelete {
+		return h.removeRecord(ctx, w, store, rkey)
+	}
+	in, nodes, err := store.Inspect(ctx, rkey)
+	if err != nil {
+		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
+	}
+	out := keyState{Name: h.Name, Key: key, RedisKey: rkey, RecordKey: h.recordKey(rkey), Lock: lockOf(in)}
+	if h.Idempotency != nil {
+		out.Record = recordOf(in)
+	}
+	for _, n := range nodes {
+		ns := nodeState{Name: n.Name}
+		if n.Err != nil {
+			ns.Error = n.Err.Error()
+		} else {
+			l := lockOf(n.Inspection)
+			ns.Lock = &l
+			if h.Idempotency != nil {
+				ns.Record = recordOf(n.Inspection)
+			}
+		}
+		out.Nodes = append(out.Nodes, ns)
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// removeRecord answers DELETE: the record removed (200), none (404), or
+// the key in progress (409, nothing removed).
+func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store *record.Store, rkey string) error {
+	outcome, _, err := store.Remove(ctx, rkey)
+	switch {
+	case errors.Is(err, record.ErrHeld):
+		return apiError(http.StatusConflict, "the key's lock is held: its request is in progress, and nothing was removed")
+	case errors.Is(err, record.ErrNoRecord):
+		return apiError(http.StatusNotFound, "the key has no record")
+	case err != nil:
+		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
+	}
+	h.logger.Info("idempotency record removed through the admin API",
+		zap.String("record_key", record.Key(rkey)), zap.String("state", stateOf(outcome)))
+	return writeJSON(w, http.StatusOK, map[string]string{"removed": record.Key(rkey), "state": stateOf(outcome)})
+}
+
+// inspector is the record store that looks keys up: the handler's own, or,
+// for a lock without idempotency, one on its client (its locks only).
+func (h *Handler) inspector() (*record.Store, error) {
+	if h.store != nil {
+		return h.store, nil
+	}
+	s, err := record.NewStore(h.locker)
+	if err != nil {
+		return nil, apiError(http.StatusInternalServerError, "%v", err)
+	}
+	return s, nil
+}
+
+// findHandler is the active config's handler called name; with name "",
+// its only handler.
+func findHandler(name string) (*Handler, error) {
+	all := activeHandlers()
+	if name != "" {
+		for _, h := range all {
+			if h.Name == name {
+				return h, nil
+			}
+		}
+		return nil, apiError(http.StatusNotFound, "no redis_lock handler is named %q", name)
+	}
+	switch len(all) {
+	case 0:
+		return nil, apiError(http.StatusNotFound, "no redis_lock handler is configured")
+	case 1:
+		return all[0], nil
+	}
+	var names []string
+	for _, h := range all {
+		if h.Name != "" {
+			names = append(names, fmt.Sprintf("%q", h.Name))
+		}
+	}
+	return nil, apiError(http.StatusBadRequest, "%d redis_lock handlers are configured: choose one with name= (named: %s)", len(all), strings.Join(names, ", "))
+}
+
+func lockOf(in record.Inspection) lockState {
+	if !in.Held {
+		return lockState{}
+	}
+	return lockState{Held: true, FencingToken: in.Fence, TTLMs: max(1, in.LockTTL.Milliseconds())}
+}
+
+func recordOf(in record.Inspection) *recordState {
+	switch {
+	case in.Record != nil:
+		n := len(in.Record.Body)
+		return &recordState{State: stateOf(in.Record.Outcome), Status: in.Record.Status, BodyBytes: &n, ExpiresInMs: ms(in.RecordTTL)}
+	case in.InProgress:
+		return &recordState{State: stateInProgress}
+	}
+	return &recordState{State: stateNone}
+}
+
+func stateOf(o record.Outcome) string {
+	switch o {
+	case record.Unknown:
+		return stateOutcomeUnknown
+	case record.NotReplayable:
+		return stateNotReplayable
+	}
+	return stateCompleted
+}
+
+func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+
+func apiError(status int, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return caddy.APIError{HTTPStatus: status, Err: err, Message: err.Error()}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Interface guards.
+var _ caddy.AdminRouter = adminAPI{}
