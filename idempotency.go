@@ -242,7 +242,7 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err er
 			result = resultLost
 		}
 		h.events.emit(eventOutcomeUnknown, lk.Key(), record.Key(lk.Key()), lk.Fence(), result)
-		h.logger.Warn("outcome unknown: a problem response is stored in its place; DEL the record key to let a retry run",
+		h.logger.Warn("outcome unknown: a problem response is stored in its place; DELETE it through the admin API (/redis_lock/keys) to let a retry run",
 			zap.String("record_key", record.Key(lk.Key())), zap.Int64("fencing_token", lk.Fence()))
 	}
 }
