@@ -151,7 +151,7 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	in, nodes, err := store.Inspect(ctx, rkey)
 	if err != nil {
-		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
+		return redisError(err)
 	}
 	out := keyState{Name: h.Name, Key: key, RedisKey: rkey, RecordKey: h.recordKey(rkey), Lock: lockOf(in)}
 	if h.Idempotency != nil {
@@ -183,7 +183,7 @@ func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store
 	case errors.Is(err, record.ErrNoRecord):
 		return apiError(http.StatusNotFound, "the key has no record")
 	case err != nil:
-		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
+		return redisError(err)
 	}
 	h.logger.Info("idempotency record removed through the admin API",
 		zap.String("record_key", record.Key(rkey)), zap.String("state", stateOf(outcome)))
@@ -259,6 +259,15 @@ func stateOf(o record.Outcome) string {
 }
 
 func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+
+// redisError is the answer to a lookup or removal that failed: 503 when
+// Redis did not answer, else 500 (a record this version cannot read).
+func redisError(err error) error {
+	if errors.Is(err, lock.ErrUnavailable) {
+		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
+	}
+	return apiError(http.StatusInternalServerError, "%v", err)
+}
 
 func apiError(status int, format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
