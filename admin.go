@@ -177,6 +177,10 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 // the key in progress (409, nothing removed).
 func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store *record.Store, rkey string) error {
 	outcome, _, err := store.Remove(ctx, rkey)
+	replicated := !errors.Is(err, lock.ErrNotReplicated)
+	if !replicated {
+		err = nil
+	}
 	switch {
 	case errors.Is(err, record.ErrHeld):
 		return apiError(http.StatusConflict, "the key's lock is held: its request is in progress, and nothing was removed")
@@ -187,7 +191,12 @@ func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store
 	}
 	h.logger.Info("idempotency record removed through the admin API",
 		zap.String("record_key", record.Key(rkey)), zap.String("state", stateOf(outcome)))
-	return writeJSON(w, http.StatusOK, map[string]string{"removed": record.Key(rkey), "state": stateOf(outcome)})
+	out := map[string]any{"removed": record.Key(rkey), "state": stateOf(outcome)}
+	if !replicated {
+		// Removed on the primary; a failover may bring it back.
+		out["replicated"] = false
+	}
+	return writeJSON(w, http.StatusOK, out)
 }
 
 // inspector is the record store that looks keys up: the handler's own, or,

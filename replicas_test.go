@@ -56,7 +56,7 @@ func replicasAcknowledge(t *testing.T, master, replica *redistest.Server, redisB
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"charged":%q}`, s.Key)
 	})
-	site := startCaddySite(t, paySite("", backend.URL, faultTimeouts, redisLines(append(redisBlock, "replicas 1")...), idempotent()), siteOptions{})
+	site := startCaddySite(t, paySite("", backend.URL, faultTimeouts, redisLines(append(redisBlock, "replicas 1")...), idempotent()), siteOptions{admin: true})
 	mrdb := redis.NewClient(&redis.Options{Addr: master.Addr})
 	rrdb := redis.NewClient(&redis.Options{Addr: replica.Addr})
 	t.Cleanup(func() { mrdb.Close(); rrdb.Close() })
@@ -95,9 +95,18 @@ func replicasAcknowledge(t *testing.T, master, replica *redistest.Server, redisB
 	if got := counterValue(t, metrics.unacked.by[writeLock]); got < before+2 {
 		t.Errorf("replication_misses_total{write=lock} %v -> %v, want +2", before, got)
 	}
+	// The admin API's removal says that the replicas did not acknowledge it.
+	var removed map[string]any
+	if r := site.admin("DELETE", "/redis_lock/keys", keyQuery("key", "k1"), &removed); r.Status != 200 || removed["replicated"] != false {
+		t.Errorf("DELETE with the replica paused: %s, want 200 with replicated false", r)
+	}
 	if err := replica.Resume(); err != nil {
 		t.Fatal(err)
 	}
+	redistest.Eventually(t, 10*time.Second, "the removal on the replica", func() bool {
+		n, err := rrdb.Exists(ctx, record.Key(defaultKey("k1"))).Result()
+		return err == nil && n == 0
+	})
 	redistest.Eventually(t, 10*time.Second, "requests pass again with the replica back", func() bool {
 		return site.do("POST", "/pay", `{}`, "Idempotency-Key", "k2").Status == 200
 	})

@@ -176,6 +176,10 @@ func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, 
 // key runs again, and returns the outcome and status the record held. It
 // never touches a held lock: while the key's lock is held it returns
 // ErrHeld and deletes nothing. ErrNoRecord: there was nothing to remove.
+// With a backend that waits for replicas, an error that matches
+// lock.ErrNotReplicated comes with the outcome removed: removed on the
+// primary, not acknowledged by the replicas in time (a failover may bring
+// the record back, and with it the replays).
 //
 // In Redlock mode the record is removed from every master, since a retry
 // replays a record that any master has: when one does not answer, nothing
@@ -221,6 +225,8 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, int, error
 		switch {
 		case r.err == nil:
 			found = r
+		case redisscript.Unreplicated(r.err): // one Redis: removed there
+			return r.outcome, r.status, r.err
 		case errors.Is(r.err, ErrHeld):
 			return 0, 0, ErrHeld
 		case !errors.Is(r.err, ErrNoRecord):
@@ -249,5 +255,9 @@ func removeOn(ctx context.Context, n *lock.Redis, lockKey string) (Outcome, int,
 	case "":
 		return 0, 0, ErrNoRecord
 	}
-	return decodeHead([]byte(head))
+	outcome, status, derr := decodeHead([]byte(head))
+	if derr != nil {
+		return 0, 0, derr
+	}
+	return outcome, status, err // removed; err: not acknowledged by the replicas
 }
