@@ -25,6 +25,7 @@ type caddySites struct {
 	PlainAddr      string // plain reverse_proxy
 	LockedAddr     string // redis_lock + reverse_proxy
 	IdempotentAddr string // redis_lock with idempotency + reverse_proxy
+	AdminAddr      string // Caddy's admin endpoint (the redis_lock admin API)
 	Backend        string
 	Redis          string
 	TTL            string // lease, a Caddy duration
@@ -34,7 +35,7 @@ type caddySites struct {
 // copy the locked sites into their own Caddyfile.
 func (s caddySites) Caddyfile() string {
 	return fmt.Sprintf(`{
-	admin off
+	admin %[9]s
 	auto_https off
 	persist_config off
 	grace_period 2s
@@ -53,6 +54,7 @@ http://%[1]s {
 # retry after the first request has finished is let through, and charged.
 http://%[2]s {
 	redis_lock {http.request.header.Idempotency-Key} {
+		name locked
 		ttl %[5]s
 		prefix %[6]s
 		redis %[4]s
@@ -66,6 +68,7 @@ http://%[2]s {
 # reaches the backend.
 http://%[7]s {
 	redis_lock {http.request.header.Idempotency-Key} {
+		name idempotent
 		ttl %[5]s
 		prefix %[6]s
 		redis %[4]s
@@ -75,7 +78,7 @@ http://%[7]s {
 	}
 	reverse_proxy %[3]s
 }
-`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL, demoPrefix, s.IdempotentAddr, demoRetention)
+`, s.PlainAddr, s.LockedAddr, s.Backend, s.Redis, s.TTL, demoPrefix, s.IdempotentAddr, demoRetention, s.AdminAddr)
 }
 
 // startCaddy adapts caddyfile and runs it in this process; stop with

@@ -138,9 +138,10 @@ func runDemo(ctx context.Context, opt options, out io.Writer) (*outcome, error) 
 	return o, nil
 }
 
-// newSites picks free loopback ports for the three Caddy sites.
+// newSites picks free loopback ports for the three Caddy sites and the
+// admin endpoint.
 func newSites(backend, redis string, ttl time.Duration) (caddySites, error) {
-	var ports [3]int
+	var ports [4]int
 	for i := range ports {
 		p, err := redistest.FreePort()
 		if err != nil {
@@ -152,6 +153,7 @@ func newSites(backend, redis string, ttl time.Duration) (caddySites, error) {
 		PlainAddr:      "127.0.0.1:" + strconv.Itoa(ports[0]),
 		LockedAddr:     "127.0.0.1:" + strconv.Itoa(ports[1]),
 		IdempotentAddr: "127.0.0.1:" + strconv.Itoa(ports[2]),
+		AdminAddr:      "127.0.0.1:" + strconv.Itoa(ports[3]),
 		Backend:        backend, Redis: redis, TTL: ttl.String(),
 	}, nil
 }

@@ -209,7 +209,8 @@ func TestServeAndCtrlC(t *testing.T) {
 	lockedRe := regexp.MustCompile(`redis_lock on http://(127\.0\.0\.1:\d+)`)
 	idemRe := regexp.MustCompile(`redis_lock \+ idempotency on http://(127\.0\.0\.1:\d+)`)
 	backendRe := regexp.MustCompile(`ledger at http://(127\.0\.0\.1:\d+)/charge`)
-	var redisAddr, locked, idem, backend string
+	adminRe := regexp.MustCompile(`^\s*admin (127\.0\.0\.1:\d+)$`)
+	var redisAddr, locked, idem, backend, admin string
 	for {
 		line, err := br.ReadString('\n')
 		out.WriteString(line)
@@ -228,11 +229,14 @@ func TestServeAndCtrlC(t *testing.T) {
 		if m := backendRe.FindStringSubmatch(line); m != nil {
 			backend = m[1]
 		}
+		if m := adminRe.FindStringSubmatch(strings.TrimRight(line, "\n")); m != nil {
+			admin = m[1]
+		}
 		if strings.Contains(line, "Ctrl-C") {
 			break
 		}
 	}
-	if redisAddr == "" || locked == "" || idem == "" || backend == "" {
+	if redisAddr == "" || locked == "" || idem == "" || backend == "" || admin == "" {
 		t.Fatalf("addresses not found in:\n%s\nstderr:\n%s", out.String(), stderr.String())
 	}
 	rest := make(chan string, 1) // the rest of the output; EOF when the demo exits
@@ -300,6 +304,30 @@ func TestServeAndCtrlC(t *testing.T) {
 		t.Errorf("the key with another body: %d, want 422", r.code)
 	}
 
+	// The admin API: the key's record completed; removed, the next retry
+	// is charged again.
+	adminDo := func(method string) (int, map[string]any) {
+		req, _ := http.NewRequest(method, "http://"+admin+"/redis_lock/keys?name=idempotent&key=by-hand-2", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, nil
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	if code, m := adminDo(http.MethodGet); code != 200 || fmt.Sprint(m["record"]) == "" || m["record"].(map[string]any)["state"] != "completed" {
+		t.Errorf("admin lookup: %d %v; want the record completed", code, m)
+	}
+	if code, m := adminDo(http.MethodDelete); code != 200 || m["state"] != "completed" {
+		t.Errorf("admin DELETE: %d %v", code, m)
+	}
+	if r := charge(idem, "by-hand-2", ""); r.code != 200 || r.replayed != "" || r.body["charge"] != 2.0 {
+		t.Errorf("a retry after the DELETE: %+v; want it charged again", r)
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -315,8 +343,11 @@ func TestServeAndCtrlC(t *testing.T) {
 	if !strings.Contains(out.String(), "stopping") {
 		t.Errorf("no shutdown message in:\n%s", out.String())
 	}
-	if c := strings.Count(out.String(), "curl -s -w '\\n' -X POST http://"+idem+"/charge"); c != 3 {
-		t.Errorf("%d curl commands for the idempotency route, want a charge, its replay and a 422:\n%s", c, out.String())
+	if c := strings.Count(out.String(), "curl -s -w '\\n' -X POST http://"+idem+"/charge"); c != 4 {
+		t.Errorf("%d curl commands for the idempotency route, want a charge, its replay, a 422 and a retry after the DELETE:\n%s", c, out.String())
+	}
+	if c := strings.Count(out.String(), "http://"+admin+"/redis_lock/keys?name=idempotent&key=order-5"); c != 2 {
+		t.Errorf("%d admin API curl commands, want a lookup and a DELETE:\n%s", c, out.String())
 	}
 	// redis-server runs in its own process group: only the demo can stop it.
 	if c, err := net.DialTimeout("tcp", redisAddr, time.Second); err == nil {
