@@ -109,6 +109,7 @@ const (
 	stateCompleted      = "completed"
 	stateOutcomeUnknown = "outcome_unknown"
 	stateNotReplayable  = "not_replayable"
+	stateUnreadable     = "unreadable" // not a record this version can read
 )
 
 // serveKey answers GET (look up) and DELETE (clear the record) on
@@ -127,14 +128,23 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if q.Get("key") == "" {
 		return apiError(http.StatusBadRequest, "key is required: the expanded key template, such as the Idempotency-Key header's value")
 	}
-	h, err := findHandler(q.Get("name"))
+	h, err := holdHandler(func(all []*Handler) (*Handler, error) { return findHandler(all, q.Get("name")) })
 	if err != nil {
 		return err
+	}
+	defer h.client.done()
+	// A scope left out (or given to a handler without one) names a key
+	// that no request can have: say so rather than answer "none".
+	if h.Scope != "" && q.Get("scope") == "" {
+		return apiError(http.StatusBadRequest, "this handler has a scope (%s): give scope=, its expanded value", h.Scope)
+	}
+	if h.Scope == "" && q.Has("scope") {
+		return apiError(http.StatusBadRequest, "this handler has no scope: leave scope= out")
 	}
 	key := q.Get("key")
 	if h.Idempotency != nil {
 		if key, err = normaliseKey(h.keyTmpl, key); err != nil {
-			return apiError(http.StatusBadRequest, "key %q is not a valid Idempotency-Key value (a token or an sf-string of 1 to 255 printable ASCII characters)", q.Get("key"))
+			return apiError(http.StatusBadRequest, "%v", err)
 		}
 	}
 	rkey := lock.Key(h.Prefix, q.Get("scope"), key)
@@ -142,8 +152,6 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	h.client.hold()
-	defer h.client.done()
 	ctx, cancel := context.WithTimeout(r.Context(), h.locker.Config().CallTimeout)
 	defer cancel()
 	if r.Method == http.MethodDelete {
@@ -183,7 +191,9 @@ func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store
 	}
 	switch {
 	case errors.Is(err, record.ErrHeld):
-		return apiError(http.StatusConflict, "the key's lock is held: its request is in progress, and nothing was removed")
+		return apiError(http.StatusConflict, "%v", err)
+	case errors.Is(err, record.ErrNoRecord) && h.Idempotency == nil:
+		return apiError(http.StatusNotFound, "the key's lock is free, and this handler keeps no records")
 	case errors.Is(err, record.ErrNoRecord):
 		return apiError(http.StatusNotFound, "the key has no record")
 	case err != nil:
@@ -214,8 +224,7 @@ func (h *Handler) inspector() (*record.Store, error) {
 
 // findHandler is the active config's handler called name; with name "",
 // its only handler.
-func findHandler(name string) (*Handler, error) {
-	all := activeHandlers()
+func findHandler(all []*Handler, name string) (*Handler, error) {
 	if name != "" {
 		for _, h := range all {
 			if h.Name == name {
@@ -236,18 +245,23 @@ func findHandler(name string) (*Handler, error) {
 			names = append(names, fmt.Sprintf("%q", h.Name))
 		}
 	}
-	return nil, apiError(http.StatusBadRequest, "%d redis_lock handlers are configured: choose one with name= (named: %s)", len(all), strings.Join(names, ", "))
+	if len(names) == 0 {
+		return nil, apiError(http.StatusBadRequest, "%d redis_lock handlers are configured and none has a name: name them (the name subdirective) and choose one with name=", len(all))
+	}
+	return nil, apiError(http.StatusBadRequest, "%d redis_lock handlers are configured: choose one with name= (named: %s; an unnamed one cannot be chosen)", len(all), strings.Join(names, ", "))
 }
 
 func lockOf(in record.Inspection) lockState {
 	if !in.Held {
 		return lockState{}
 	}
-	return lockState{Held: true, FencingToken: in.Fence, TTLMs: max(1, in.LockTTL.Milliseconds())}
+	return lockState{Held: true, FencingToken: in.Fence, TTLMs: ms(in.LockTTL)}
 }
 
 func recordOf(in record.Inspection) *recordState {
 	switch {
+	case in.Unreadable:
+		return &recordState{State: stateUnreadable, ExpiresInMs: ms(in.RecordTTL)}
 	case in.Record != nil:
 		n := len(in.Record.Body)
 		return &recordState{State: stateOf(in.Record.Outcome), Status: in.Record.Status, BodyBytes: &n, ExpiresInMs: ms(in.RecordTTL)}
@@ -259,6 +273,8 @@ func recordOf(in record.Inspection) *recordState {
 
 func stateOf(o record.Outcome) string {
 	switch o {
+	case 0:
+		return stateUnreadable
 	case record.Unknown:
 		return stateOutcomeUnknown
 	case record.NotReplayable:
@@ -267,12 +283,19 @@ func stateOf(o record.Outcome) string {
 	return stateCompleted
 }
 
-func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+// ms is d in milliseconds, at least 1; 0 (the field left out) for a key
+// with no expiry.
+func ms(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return max(1, d.Milliseconds())
+}
 
 // redisError is the answer to a lookup or removal that failed: 503 when
 // Redis did not answer, else 500 (a record this version cannot read).
 func redisError(err error) error {
-	if errors.Is(err, lock.ErrUnavailable) {
+	if errors.Is(err, lock.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
 	}
 	return apiError(http.StatusInternalServerError, "%v", err)

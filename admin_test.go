@@ -18,6 +18,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
@@ -158,6 +160,11 @@ func TestAdminKeys(t *testing.T) {
 		t.Fatalf("the backend ran %d times, want twice (once before the DELETE, once after)", n)
 	}
 
+	// A bare header value with quotes inside is a key as it is.
+	if st = s.lookup(keyQuery("key", `x:"y"`)); st.Key != `x:"y"` {
+		t.Errorf("a bare value with quotes: %+v", st)
+	}
+
 	// Errors, in Caddy's admin API form.
 	for _, c := range []struct {
 		method string
@@ -167,6 +174,7 @@ func TestAdminKeys(t *testing.T) {
 		{"DELETE", keyQuery("key", "never"), http.StatusNotFound},
 		{"GET", keyQuery("key", "x", "name", "other"), http.StatusNotFound},
 		{"GET", keyQuery("scope", "x"), http.StatusBadRequest},
+		{"GET", keyQuery("key", "x", "scope", "y"), http.StatusBadRequest}, // no scope in this handler
 		{"GET", url.Values{"key": {"a", "b"}}, http.StatusBadRequest},
 		{"POST", keyQuery("key", "x"), http.StatusMethodNotAllowed},
 	} {
@@ -214,13 +222,17 @@ func TestAdminNamesAndReload(t *testing.T) {
 	if st.RedisKey != rkey || !st.Lock.Held || st.Lock.FencingToken != 1234 || st.Record != nil || st.RecordKey != "" {
 		t.Fatalf("held lock: %s %+v", rkey, st)
 	}
-	if st = s.lookup(keyQuery("key", "o-1", "name", "orders")); st.Lock.Held {
+	if st = s.lookup(keyQuery("key", "o-1", "scope", "other", "name", "orders")); st.Lock.Held {
 		t.Fatalf("another scope is another key: %+v", st)
+	}
+	// A handler with a scope needs one: without, no request has the key.
+	if r := s.admin("GET", "/redis_lock/keys", keyQuery("key", "o-1", "name", "orders"), nil); r.Status != http.StatusBadRequest {
+		t.Fatalf("no scope for a scoped handler: %s, want 400", r)
 	}
 	if r := s.admin("DELETE", "/redis_lock/keys", keyQuery("key", "o-1", "scope", "acme", "name", "orders"), nil); r.Status != http.StatusConflict || !keyExists(t, rdb, rkey) {
 		t.Fatalf("DELETE of a held lock: %s", r)
 	}
-	if r := s.admin("DELETE", "/redis_lock/keys", keyQuery("key", "o-2", "name", "orders"), nil); r.Status != http.StatusNotFound {
+	if r := s.admin("DELETE", "/redis_lock/keys", keyQuery("key", "o-2", "scope", "acme", "name", "orders"), nil); r.Status != http.StatusNotFound {
 		t.Fatalf("DELETE of a free lock: %s, want 404", r)
 	}
 
@@ -252,6 +264,98 @@ func TestAdminNamesAndReload(t *testing.T) {
 	if r := s.admin("GET", "/redis_lock/keys", keyQuery("key", "k", "name", "payments"), nil); r.Status != http.StatusNotFound {
 		t.Fatalf("a name the reload removed: %s, want 404", r)
 	}
+}
+
+// During a reload the admin API answers for the config that runs until the
+// new one has started: queried while the new config's redis_lock handler is
+// provisioned and a later module still provisions, it shows the old one.
+func TestAdminReloadOverlap(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := newRecorder(t, nil)
+	site := func(name string, gate bool) string {
+		g := ""
+		if gate {
+			g = "\n\t\ttest_provision_gate"
+		}
+		return fmt.Sprintf("\troute {\n\t\tredis_lock {http.request.header.X-Test-Key} {\n\t\t\tname %s\n\t\t\tredis %s\n\t\t}%s\n\t\treverse_proxy %s\n\t}",
+			name, srv.Addr, g, be.hostPort())
+	}
+	s := startCaddySite(t, site("old", false), siteOptions{admin: true})
+	names := func() string {
+		var list []handlerInfo
+		var last error
+		for range 50 { // the admin server is replaced at the start of a load
+			r, err := sendRequest(context.Background(), s.client, "GET", s.AdminURL+"/redis_lock/", "")
+			if err == nil && r.Status == 200 && json.Unmarshal([]byte(r.Body), &list) == nil {
+				var out []string
+				for _, h := range list {
+					out = append(out, h.Name)
+				}
+				return strings.Join(out, ",")
+			}
+			last = err
+			s.client.CloseIdleConnections()
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatalf("GET /redis_lock/: %v", last)
+		return ""
+	}
+
+	provisionGate.entered, provisionGate.release = make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { provisionGate.entered, provisionGate.release = nil, nil })
+	newCf := strings.Replace(s.caddyfile, site("old", false), site("new", true), 1)
+	loaded := make(chan error, 1)
+	go func() { loaded <- loadCaddyfileErr(newCf) }()
+	select {
+	case <-provisionGate.entered:
+	case err := <-loaded:
+		t.Fatalf("the new config loaded without its gate: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new config's gate was never provisioned")
+	}
+	if got := names(); got != "old" {
+		t.Errorf("while the new config provisions: %q, want the old handler alone", got)
+	}
+	close(provisionGate.release)
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); got != "new" {
+		t.Errorf("after the reload: %q, want the new handler alone", got)
+	}
+	s.caddyfile = newCf
+}
+
+// provisionGate holds the Provision of test_provision_gate modules: entered
+// is closed when one begins, which then waits until release is closed.
+var provisionGate struct{ entered, release chan struct{} }
+
+// gateHandler is test_provision_gate: a handler that passes requests on,
+// whose Provision waits on provisionGate.
+type gateHandler struct{}
+
+func (gateHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.test_provision_gate", New: func() caddy.Module { return new(gateHandler) }}
+}
+
+func (gateHandler) Provision(caddy.Context) error {
+	if provisionGate.entered != nil {
+		close(provisionGate.entered)
+		<-provisionGate.release
+	}
+	return nil
+}
+
+func (gateHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return next.ServeHTTP(w, r)
+}
+
+func init() {
+	caddy.RegisterModule(gateHandler{})
+	httpcaddyfile.RegisterHandlerDirective("test_provision_gate", func(httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		return gateHandler{}, nil
+	})
 }
 
 // loadCaddyfileErr loads cf and returns the error (the running config

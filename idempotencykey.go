@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -74,9 +75,10 @@ func idempotencyKeyPlaceholder(key string, val any) (any, error) {
 // normaliseKey is the key an operator gives for a template's expansion
 // (the admin API), as the handler of an idempotency key hashes it: the
 // value of each header in it read as an Idempotency-Key, so that the
-// header's sf-string form ("abc") names the same key as its bare form. A
-// key that does not follow the template's literal parts, or whose header
-// values cannot be told apart, is left as it is.
+// header's sf-string form ("abc") names the same key as its bare form.
+// Every way of splitting key along the template's literal parts is tried:
+// a key whose readings differ, or that none reads, is an error (give it
+// unquoted, as the handler hashes it). A key with no quote is as given.
 func normaliseKey(t template, key string) (string, error) {
 	if !strings.Contains(key, `"`) {
 		return key, nil // no sf-string: every value reads as itself
@@ -87,40 +89,49 @@ func normaliseKey(t template, key string) (string, error) {
 		return "\x00", nil
 	})
 	lits := strings.Split(skeleton, "\x00")
-	if !slices.Contains(isHeader, true) || !strings.HasPrefix(key, lits[0]) {
-		return key, nil
+	if !slices.Contains(isHeader, true) || len(lits) != len(isHeader)+1 {
+		return key, nil // no header in it (or a template Caddy cannot read)
 	}
-	var b strings.Builder
-	b.WriteString(lits[0])
-	rest := key[len(lits[0]):]
-	for i, header := range isHeader {
-		next := lits[i+1]
-		var val string
-		switch {
-		case i == len(isHeader)-1:
-			if !strings.HasSuffix(rest, next) {
-				return key, nil
-			}
-			val, rest = rest[:len(rest)-len(next)], next
-		case next == "":
-			return key, nil // two placeholders side by side
-		default:
-			j := strings.Index(rest, next)
-			if j < 0 {
-				return key, nil
-			}
-			val, rest = rest[:j], rest[j:]
+	readings := map[string]bool{}
+	budget := maxKeySplits
+	var walk func(i int, rest string, b string)
+	walk = func(i int, rest, b string) {
+		if budget--; budget < 0 || len(readings) > 1 {
+			return
 		}
-		if header {
-			v, err := idempotencyKeyValue(val)
-			if err != nil {
-				return "", err
+		if i == len(isHeader) {
+			if rest == lits[i] {
+				readings[b+rest] = true
 			}
-			val = v
+			return
 		}
-		b.WriteString(val)
-		b.WriteString(next)
-		rest = rest[len(next):]
+		if !strings.HasPrefix(rest, lits[i]) {
+			return
+		}
+		b, rest = b+lits[i], rest[len(lits[i]):]
+		for end := 1; end <= len(rest); end++ { // values are never empty
+			v := rest[:end]
+			if isHeader[i] {
+				var err error
+				if v, err = idempotencyKeyValue(v); err != nil {
+					continue
+				}
+			}
+			walk(i+1, rest[end:], b+v)
+		}
 	}
-	return b.String(), nil
+	walk(0, key, "")
+	switch {
+	case budget < 0 || len(readings) > 1:
+		return "", fmt.Errorf("the key reads more than one way against the template %s: give it as the handler hashes it, each header's value unquoted", t.raw)
+	case len(readings) == 0:
+		return "", fmt.Errorf("the key does not read against the template %s: each header's value must be a token or an sf-string of 1 to %d printable ASCII characters", t.raw, maxIdempotencyKey)
+	}
+	for k := range readings {
+		return k, nil
+	}
+	return key, nil
 }
+
+// maxKeySplits bounds the splits normaliseKey tries.
+const maxKeySplits = 100_000

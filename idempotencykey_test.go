@@ -47,9 +47,15 @@ func TestNormaliseKey(t *testing.T) {
 		{"{http.request.header.X-Tenant}/{http.request.header.Idempotency-Key}", `t/"k"`, "t/k", false},
 		// A JSON value is taken as it is.
 		{"order:{http.redis_lock.json.id}", `order:"7"`, `order:"7"`, false},
-		// Not the template's shape, or values side by side: as given.
-		{"pay:{http.request.header.Idempotency-Key}", `other:"abc"`, `other:"abc"`, false},
-		{"{http.request.header.A}{http.request.header.B}", `"a""b"`, `"a""b"`, false},
+		// Values side by side: each split is tried.
+		{"{http.request.header.A}{http.request.header.B}", `"a""b"`, "ab", false},
+		// Two readings (A "x:y" and B "z", or A "x" and B `y:"z"`): unclear.
+		{"{http.request.header.A}:{http.request.header.B}", `x:y:"z"`, "", true},
+		{"{http.request.header.A}:{http.request.header.B}", `"a:b":c`, "a:b:c", false},
+		// Not the template's shape.
+		{"pay:{http.request.header.Idempotency-Key}", `other:"abc"`, "", true},
+		// A template Caddy cannot read.
+		{strings.Repeat("{", 200) + "{http.request.header.A}", `"a"`, `"a"`, false},
 	} {
 		got, err := normaliseKey(parseTemplate(c.tmpl), c.key)
 		if (err != nil) != c.invalid || got != c.want {

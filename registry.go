@@ -57,12 +57,31 @@ func unregister(h *Handler) {
 // configuration (copies of one, from a snippet imported into several
 // sites, are one handler), in the order they were provisioned.
 func activeHandlers() []*Handler {
+	registry.Lock()
+	defer registry.Unlock()
+	return activeLocked()
+}
+
+// holdHandler is pick's choice among the active handlers, its Redis client
+// held (release with h.client.done) before the registry is unlocked: a
+// Cleanup that runs meanwhile unregisters first, and its client then stays
+// open until the hold ends.
+func holdHandler(pick func([]*Handler) (*Handler, error)) (*Handler, error) {
+	registry.Lock()
+	defer registry.Unlock()
+	h, err := pick(activeLocked())
+	if err == nil {
+		h.client.hold()
+	}
+	return h, err
+}
+
+// activeLocked is activeHandlers with the registry locked.
+func activeLocked() []*Handler {
 	active := caddy.ActiveContext()
 	if active.Context == nil {
 		return nil
 	}
-	registry.Lock()
-	defer registry.Unlock()
 	var out []*Handler
 	var confs [][]byte
 	for _, e := range registry.entries {

@@ -31,8 +31,8 @@ var (
 // Errors of Remove, for errors.Is.
 var (
 	// ErrHeld: the key's lock is held (its request is in progress), and
-	// nothing was removed.
-	ErrHeld = errors.New("record: the key's lock is held")
+	// nothing was removed (in Redlock mode: on that master).
+	ErrHeld = errors.New("record: the key's lock is held: its request is in progress")
 	// ErrNoRecord: the key has no record to remove.
 	ErrNoRecord = errors.New("record: the key has no record")
 )
@@ -51,6 +51,9 @@ type Inspection struct {
 	// RecordTTL.
 	Record    *Response
 	RecordTTL time.Duration
+	// Unreadable: a record is there that this version cannot decode
+	// (Record is nil); Remove removes it all the same.
+	Unreadable bool
 
 	holder string // the holder's token
 }
@@ -103,9 +106,10 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 		if n.Record != nil && (in.Record == nil || n.RecordTTL > in.RecordTTL) {
 			in.Record, in.RecordTTL = n.Record, n.RecordTTL
 		}
-		if n.Held {
-			in.InProgress = in.InProgress || n.InProgress
-		}
+		in.Unreadable = in.Unreadable || n.Unreadable
+	}
+	if in.Record != nil {
+		in.Unreadable = false
 	}
 	if len(errs) > len(nodes)-s.quorum {
 		return Inspection{}, fmt.Errorf("%w: no majority of the masters answered: %w", lock.ErrUnavailable, errors.Join(errs...))
@@ -127,6 +131,7 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 		in.Held, in.LockTTL = true, held[s.quorum-1].LockTTL
 		for _, n := range held {
 			in.Fence = max(in.Fence, n.Fence)
+			in.InProgress = in.InProgress || n.InProgress
 		}
 	}
 	return in, nil
@@ -160,11 +165,11 @@ func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, 
 		in.LockTTL = time.Duration(pttl) * time.Millisecond
 	}
 	if v, ok := reply[2].(string); ok {
-		_, resp, err := decode([]byte(v))
-		if err != nil {
-			return Inspection{}, err
+		if _, resp, err := decode([]byte(v)); err == nil {
+			in.Record = resp
+		} else {
+			in.Unreadable = true
 		}
-		in.Record = resp
 		if pttl, _ := reply[3].(int64); pttl > 0 {
 			in.RecordTTL = time.Duration(pttl) * time.Millisecond
 		}
@@ -176,6 +181,7 @@ func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, 
 // key runs again, and returns the outcome and status the record held. It
 // never touches a held lock: while the key's lock is held it returns
 // ErrHeld and deletes nothing. ErrNoRecord: there was nothing to remove.
+// A record this version cannot read is removed too, with outcome 0.
 // With a backend that waits for replicas, an error that matches
 // lock.ErrNotReplicated comes with the outcome removed: removed on the
 // primary, not acknowledged by the replicas in time (a failover may bring
@@ -214,29 +220,34 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, int, error
 	s.onEvery(func(i int, n *lock.Redis) {
 		r := &results[i]
 		r.outcome, r.status, r.err = removeOn(ctx, n, lockKey)
-		if r.err != nil && len(s.nodes) > 1 && !errors.Is(r.err, ErrHeld) && !errors.Is(r.err, ErrNoRecord) {
-			r.err = &lock.NodeError{Node: s.names[i], Err: r.err}
-		}
 	})
+	if len(s.nodes) == 1 {
+		r := results[0]
+		return r.outcome, r.status, r.err
+	}
+	// Redlock: a master may have changed between the check and the
+	// removal; say what was removed where.
 	var found *removed
+	var gone, held []string
 	var errs []error
 	for i := range results {
 		r := &results[i]
 		switch {
 		case r.err == nil:
 			found = r
-		case redisscript.Unreplicated(r.err): // one Redis: removed there
-			return r.outcome, r.status, r.err
+			gone = append(gone, s.names[i])
 		case errors.Is(r.err, ErrHeld):
-			return 0, 0, ErrHeld
+			held = append(held, s.names[i])
 		case !errors.Is(r.err, ErrNoRecord):
-			errs = append(errs, r.err)
+			errs = append(errs, &lock.NodeError{Node: s.names[i], Err: r.err})
 		}
 	}
-	if len(errs) > 0 {
-		return 0, 0, errors.Join(errs...)
-	}
-	if found == nil {
+	switch {
+	case len(held) > 0:
+		return 0, 0, fmt.Errorf("%w on master %s (removed on %d: %s)", ErrHeld, strings.Join(held, ", "), len(gone), strings.Join(gone, ", "))
+	case len(errs) > 0:
+		return 0, 0, fmt.Errorf("removed on %d master(s) (%s): %w", len(gone), strings.Join(gone, ", "), errors.Join(errs...))
+	case found == nil:
 		return 0, 0, ErrNoRecord
 	}
 	return found.outcome, found.status, nil
@@ -255,9 +266,11 @@ func removeOn(ctx context.Context, n *lock.Redis, lockKey string) (Outcome, int,
 	case "":
 		return 0, 0, ErrNoRecord
 	}
+	// Removed; err: not acknowledged by the replicas. A head this version
+	// cannot read is outcome 0: removed, its state unknown.
 	outcome, status, derr := decodeHead([]byte(head))
 	if derr != nil {
-		return 0, 0, derr
+		outcome, status = 0, 0
 	}
-	return outcome, status, err // removed; err: not acknowledged by the replicas
+	return outcome, status, err
 }
