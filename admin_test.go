@@ -160,6 +160,17 @@ func TestAdminKeys(t *testing.T) {
 		t.Fatalf("the backend ran %d times, want twice (once before the DELETE, once after)", n)
 	}
 
+	// A record this version cannot read: shown, and removable.
+	if err := rdb.Set(context.Background(), record.Key(defaultKey("garbled")), "not a record", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st = s.lookup(keyQuery("key", "garbled")); st.Record.State != stateUnreadable || st.Record.ExpiresInMs <= 0 {
+		t.Fatalf("an unreadable record: %+v", st.Record)
+	}
+	if r := s.admin("DELETE", "/redis_lock/keys", keyQuery("key", "garbled"), &removed); r.Status != 200 || removed["state"] != stateUnreadable {
+		t.Fatalf("DELETE of an unreadable record: %s", r)
+	}
+
 	// A bare header value with quotes inside is a key as it is.
 	if st = s.lookup(keyQuery("key", `x:"y"`)); st.Key != `x:"y"` {
 		t.Errorf("a bare value with quotes: %+v", st)
