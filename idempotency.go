@@ -173,22 +173,26 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 		h.releaseWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
 			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
 	}
+	// An answer is tried again past a lock another request holds
+	// (ErrKeyHeld: nothing written) as well: after a Redis pause, the
+	// begin of a duplicate that got 503 can reach Redis first and take
+	// the key, and gives it back at once; the answer is then stored, and a
+	// retry gets it rather than running again. A later run that is real
+	// stores its own answer first (complete.lua never overwrites one).
 	// With replicas, an answer that Redis did not take, or took without
 	// the replicas, may be only on a primary that is failing over: it is
 	// tried again through the failover, and past a lock the promoted
-	// replica holds for a request it refuses for want of replicas (which
-	// gives it up).
+	// replica holds for a request it refuses for want of replicas.
 	retryFor := max(time.Duration(h.TTL), completeRetryFor)
-	replicated := h.Redis != nil && h.Redis.Replicas > 0
-	if replicated {
+	if h.Redis != nil && h.Redis.Replicas > 0 {
 		retryFor = max(retryFor, unackedRetryFor)
 	}
-	if again(err) {
+	if again(err) || errors.Is(err, record.ErrKeyHeld) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer done()
 			deadline := time.Now().Add(retryFor)
 			for wait := time.Duration(0); time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
-				if !again(err) && !(replicated && errors.Is(err, record.ErrKeyHeld)) {
+				if !again(err) && !errors.Is(err, record.ErrKeyHeld) {
 					break
 				}
 				time.Sleep(wait)

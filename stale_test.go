@@ -166,3 +166,40 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 		t.Fatalf("the backend ran the charge %d times, want 2", n)
 	}
 }
+
+// A lock taken by another request while an answer is being stored, and
+// given back (the begin of a duplicate that got 503 during a Redis pause
+// reaches Redis first when it runs again, and its handler frees it): the
+// answer is stored once the key is free, so the retry gets it instead of
+// running again.
+func TestAnswerStoredAfterAnotherGivesTheKeyBack(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	be := chargeBackend(t)
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(),
+		lockLines("ttl 300ms", "renew off", "lost_lock continue"), storedAnswers()), siteOptions{})
+	key := defaultKey("ghosted")
+	done := make(chan *response, 1)
+	go func() { done <- s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "ghosted") }()
+	be.waitEntered(t, 5*time.Second)
+	redistest.Eventually(t, 5*time.Second, "the lease to run out", func() bool { return !keyExists(t, rdb, key) })
+	holdLock(t, rdb, key, 10*time.Second) // the other request
+	first := <-done
+	if first.Status != http.StatusOK {
+		t.Fatalf("first: %s", first)
+	}
+	time.Sleep(300 * time.Millisecond) // the completion meets the held key
+	if keyExists(t, rdb, record.Key(key)) {
+		t.Fatal("an answer was stored while another request held the key")
+	}
+	if err := rdb.Del(context.Background(), key).Err(); err != nil { // given back
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 2*time.Second, "the answer stored once the key is free", func() bool {
+		return keyExists(t, rdb, record.Key(key))
+	})
+	again := s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "ghosted")
+	if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body || be.executions("ghosted") != 1 {
+		t.Fatalf("retry: %s, %d runs; want the first answer replayed", again, be.executions("ghosted"))
+	}
+}
