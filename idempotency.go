@@ -176,8 +176,8 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 	// An answer is tried again past a lock another request holds
 	// (ErrKeyHeld: nothing written) as well: after a Redis pause, the
 	// begin of a duplicate that got 503 can reach Redis first and take
-	// the key, and gives it back at once; the answer is then stored, and a
-	// retry gets it rather than running again. A later run that is real
+	// the key; once it is given back, the answer is stored, and a retry
+	// gets it rather than running again. A later run that is real
 	// stores its own answer first (complete.lua never overwrites one).
 	// With replicas, an answer that Redis did not take, or took without
 	// the replicas, may be only on a primary that is failing over: it is
