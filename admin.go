@@ -184,7 +184,7 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 // removeRecord answers DELETE: the record removed (200), none (404), or
 // the key in progress (409, nothing removed).
 func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store *record.Store, rkey string) error {
-	outcome, _, err := store.Remove(ctx, rkey)
+	outcome, err := store.Remove(ctx, rkey)
 	replicated := !errors.Is(err, lock.ErrNotReplicated)
 	if !replicated {
 		err = nil

@@ -178,7 +178,7 @@ func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, 
 }
 
 // Remove deletes the record of lockKey, so that the next request with the
-// key runs again, and returns the outcome and status the record held. It
+// key runs again, and returns the outcome the record held. It
 // never touches a held lock: while the key's lock is held it returns
 // ErrHeld and deletes nothing. ErrNoRecord: there was nothing to remove.
 // A record this version cannot read is removed too, with outcome 0.
@@ -192,41 +192,37 @@ func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, 
 // is removed and the error matches ErrUnavailable; when one holds the lock,
 // nothing is removed either (ErrHeld). Should a master fail between the
 // check and the removal, the others' records are gone: call Remove again.
-func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, int, error) {
-	if len(s.nodes) > 1 {
-		// A request in progress holds the lock on some master: leave every
-		// master's record alone, not only that master's.
-		_, nodes, err := s.Inspect(ctx, lockKey)
-		if err != nil {
-			return 0, 0, err
+func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, error) {
+	if len(s.nodes) == 1 {
+		return removeOn(ctx, s.nodes[0], lockKey)
+	}
+	// A request in progress holds the lock on some master: leave every
+	// master's record alone, not only that master's.
+	_, nodes, err := s.Inspect(ctx, lockKey)
+	if err != nil {
+		return 0, err
+	}
+	for _, n := range nodes {
+		if n.Err != nil {
+			// Removed from the others, the record would still be
+			// replayed once this master is back.
+			return 0, fmt.Errorf("%w: master %s did not answer, nothing removed: %w", lock.ErrUnavailable, n.Name, n.Err)
 		}
-		for _, n := range nodes {
-			if n.Err != nil {
-				// Removed from the others, the record would still be
-				// replayed once this master is back.
-				return 0, 0, fmt.Errorf("%w: master %s did not answer, nothing removed: %w", lock.ErrUnavailable, n.Name, n.Err)
-			}
-			if n.Held {
-				return 0, 0, ErrHeld
-			}
+		if n.Held {
+			return 0, ErrHeld
 		}
 	}
 	type removed struct {
 		outcome Outcome
-		status  int
 		err     error
 	}
 	results := make([]removed, len(s.nodes))
 	s.onEvery(func(i int, n *lock.Redis) {
 		r := &results[i]
-		r.outcome, r.status, r.err = removeOn(ctx, n, lockKey)
+		r.outcome, r.err = removeOn(ctx, n, lockKey)
 	})
-	if len(s.nodes) == 1 {
-		r := results[0]
-		return r.outcome, r.status, r.err
-	}
-	// Redlock: a master may have changed between the check and the
-	// removal; say what was removed where.
+	// A master may have changed between the check and the removal: say
+	// what was removed where.
 	var found *removed
 	var gone, held []string
 	var errs []error
@@ -244,33 +240,30 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, int, error
 	}
 	switch {
 	case len(held) > 0:
-		return 0, 0, fmt.Errorf("%w on master %s (removed on %d: %s)", ErrHeld, strings.Join(held, ", "), len(gone), strings.Join(gone, ", "))
+		return 0, fmt.Errorf("%w on master %s (removed on %d: %s)", ErrHeld, strings.Join(held, ", "), len(gone), strings.Join(gone, ", "))
 	case len(errs) > 0:
-		return 0, 0, fmt.Errorf("removed on %d master(s) (%s): %w", len(gone), strings.Join(gone, ", "), errors.Join(errs...))
+		return 0, fmt.Errorf("removed on %d master(s) (%s): %w", len(gone), strings.Join(gone, ", "), errors.Join(errs...))
 	case found == nil:
-		return 0, 0, ErrNoRecord
+		return 0, ErrNoRecord
 	}
-	return found.outcome, found.status, nil
+	return found.outcome, nil
 }
 
 // removeOn is Remove on one Redis.
-func removeOn(ctx context.Context, n *lock.Redis, lockKey string) (Outcome, int, error) {
+func removeOn(ctx context.Context, n *lock.Redis, lockKey string) (Outcome, error) {
 	cmd, err := redisscript.ConnOf(n).Run(ctx, removeScript, []string{lockKey, Key(lockKey)})
 	if err != nil && !redisscript.Unreplicated(err) {
-		return 0, 0, redisscript.Classify(ctx, err)
+		return 0, redisscript.Classify(ctx, err)
 	}
 	head, _ := cmd.Val().(string)
 	switch head {
 	case "H":
-		return 0, 0, ErrHeld
+		return 0, ErrHeld
 	case "":
-		return 0, 0, ErrNoRecord
+		return 0, ErrNoRecord
 	}
 	// Removed; err: not acknowledged by the replicas. A head this version
-	// cannot read is outcome 0: removed, its state unknown.
-	outcome, status, derr := decodeHead([]byte(head))
-	if derr != nil {
-		outcome, status = 0, 0
-	}
-	return outcome, status, err
+	// cannot read decodes as outcome 0: removed, its state unknown.
+	outcome, _, _ := decodeHead([]byte(head))
+	return outcome, err
 }
