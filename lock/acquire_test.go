@@ -398,11 +398,11 @@ func TestAcquireScriptFileRetry(t *testing.T) {
 	ctx := ctxT(t)
 	src := readScript(t, "../internal/redisscript/take.lua") + readScript(t, "acquire.lua")
 	key := testKey(t)
-	keys := []string{key, CounterKey(key)}
 	// run returns the fencing token (a string reply) or the PTTL (an
 	// integer reply).
 	run := func(token string) (fence string, pttl int64) {
 		t.Helper()
+		keys := []string{key, CounterKey(key), GoneKey(key, token)}
 		res, err := rdb.Eval(ctx, src, keys, token, 60000).Result()
 		if err != nil {
 			t.Fatal(err)

@@ -141,6 +141,11 @@ func CounterKey(lockKey string) string {
 	return lockKey[:open+1+end+1] + "fence"
 }
 
+// GoneKey marks token given back on lockKey: the acquire scripts take
+// nothing for a token whose mark exists (Redis's GiveBack). It shares the
+// lock's hash tag, and lives one lease.
+func GoneKey(lockKey, token string) string { return lockKey + ":gone:" + token }
+
 // Acquire takes the lock named key (a full Redis key, such as one from Key)
 // for opt.TTL. The returned lock's Context is derived from ctx and is
 // cancelled when the lock is released or lost. On contention it returns a
@@ -195,8 +200,9 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 				// The script may have run (or still run: a queued
 				// command is sent even after its caller gave up) and
 				// only the reply be lost: free what may be ours so a
-				// duplicate is not blocked for a lease.
-				c.Background(ctx, func(ctx context.Context) { _ = c.release(ctx, b, key, token) })
+				// duplicate is not blocked for a lease, and mark the
+				// token given back for an attempt that runs later.
+				c.Background(ctx, func(ctx context.Context) { _ = c.giveBack(ctx, b, key, token, ttl) })
 			}
 			return nil, err
 		}
@@ -282,6 +288,25 @@ func (c *Client) release(ctx context.Context, b Backend, key, token string) erro
 	// The caller's context cannot end a release; the release's own
 	// timeout passing means Redis did not answer: ErrUnavailable.
 	return c.reclassify(context.WithoutCancel(ctx), b.Release(rctx, key, token))
+}
+
+// givingBack is a Backend that can give back a token whose acquire did not
+// answer in time, so that the acquire, should it run later, takes nothing
+// (Redis's GiveBack).
+type givingBack interface {
+	GiveBack(ctx context.Context, key, token string, ttl time.Duration) error
+}
+
+// giveBack is release for a token whose acquire may still run: through b's
+// GiveBack when it has one.
+func (c *Client) giveBack(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
+	g, ok := b.(givingBack)
+	if !ok {
+		return c.release(ctx, b, key, token)
+	}
+	rctx, cancel := c.ReleaseContext(ctx)
+	defer cancel()
+	return c.reclassify(context.WithoutCancel(ctx), g.GiveBack(rctx, key, token, ttl))
 }
 
 // ReleaseContext is the context a release runs on: detached from ctx's

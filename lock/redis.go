@@ -69,9 +69,9 @@ func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 	var cmd *redis.Cmd
 	var err error
 	if Waiting(ctx) {
-		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds(), "1")
+		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key), GoneKey(key, token)}, token, ttl.Milliseconds(), "1")
 	} else {
-		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key)}, token, ttl.Milliseconds())
+		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key), GoneKey(key, token)}, token, ttl.Milliseconds())
 	}
 	return redisscript.Grant(ctx, cmd, err, notObtained)
 }
@@ -102,6 +102,19 @@ func (r *Redis) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 // script cache to miss either.
 func (r *Redis) Release(ctx context.Context, key, token string) error {
 	released, err := r.conn.ReleaseFields(ctx, key, token)
+	if err == nil && !released {
+		return ErrNotHeld
+	}
+	return err
+}
+
+// GiveBack is Release for a token whose acquire did not answer in time: it
+// also marks token given back on key (GoneKey) for ttl, so that the acquire,
+// should it run after this (it waited in a socket buffer while this went on
+// another connection), takes nothing. It returns ErrNotHeld when there was
+// nothing to delete.
+func (r *Redis) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
+	released, err := r.conn.GiveBackFields(ctx, key, GoneKey(key, token), ttl, token)
 	if err == nil && !released {
 		return ErrNotHeld
 	}

@@ -292,9 +292,13 @@ func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) erro
 // took nothing. Each master settles when its part is done.
 func (rl *Redlock) giveBack(ctx context.Context, id, key, token string, ttl time.Duration, at *attempt, answers []*reply, replies <-chan reply) {
 	release := func(ctx context.Context, r reply) {
-		if r.err == nil || errors.Is(r.err, ErrUnavailable) ||
-			errors.Is(r.err, context.Canceled) || errors.Is(r.err, context.DeadlineExceeded) {
+		switch {
+		case r.err == nil:
 			_ = rl.nodes[r.node].Release(ctx, key, token)
+		case errors.Is(r.err, ErrUnavailable) ||
+			errors.Is(r.err, context.Canceled) || errors.Is(r.err, context.DeadlineExceeded):
+			// The acquire may still run there, after this.
+			_ = giveBackOn(ctx, rl.nodes[r.node], key, token, ttl)
 		}
 		rl.settle(id, at, r.node)
 	}
@@ -374,6 +378,27 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 // ctx's deadline, after Release returned. A master still answering the
 // acquire is released once it answered (and settled).
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
+	return rl.release(ctx, key, token, func(ctx context.Context, m Master) error { return m.Release(ctx, key, token) })
+}
+
+// GiveBack is Release for a token whose acquire did not answer in time,
+// through each master's GiveBack (Redis's), so that an acquire that runs
+// there later takes nothing.
+func (rl *Redlock) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
+	return rl.release(ctx, key, token, func(ctx context.Context, m Master) error { return giveBackOn(ctx, m, key, token, ttl) })
+}
+
+// giveBackOn gives token back on m: through its GiveBack when it has one,
+// else its Release.
+func giveBackOn(ctx context.Context, m Master, key, token string, ttl time.Duration) error {
+	if g, ok := m.(givingBack); ok {
+		return g.GiveBack(ctx, key, token, ttl)
+	}
+	return m.Release(ctx, key, token)
+}
+
+// release is Release with del as each master's release.
+func (rl *Redlock) release(ctx context.Context, key, token string, del func(context.Context, Master) error) error {
 	rctx, cancel := withoutCancel(ctx)
 	var settled []chan struct{}
 	if at, ok := rl.attempts.Load(key + "\x00" + token); ok {
@@ -387,7 +412,7 @@ func (rl *Redlock) Release(ctx context.Context, key, token string) error {
 				return false, rl.nodeError(i, ctx.Err())
 			}
 		}
-		switch err := rl.nodes[i].Release(ctx, key, token); {
+		switch err := del(ctx, rl.nodes[i]); {
 		case errors.Is(err, ErrNotHeld):
 			return false, nil
 		case err != nil:

@@ -1,7 +1,8 @@
 -- Begin a request under an idempotency key (the source starts with
 -- internal/redisscript's take.lua): its stored outcome, or its lock, in one
 -- round trip.
--- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] record
+-- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] record, KEYS[4] the holder
+-- token's give-back mark (lock.GoneKey)
 -- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] fingerprint (64 hex),
 -- ARGV[4] '1' when the caller waits and listens for the release
 -- (mark_waited, in take.lua)
@@ -21,7 +22,7 @@ if head ~= '' then
 end
 -- Our own begin again (a retry whose reply was lost) succeeds with the
 -- token issued the first time (acquire, in take.lua).
-local fence = acquire(KEYS[1], ARGV[1], ARGV[2], KEYS[2], 'fp:' .. ARGV[1], ARGV[3])
+local fence = acquire(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[4], 'fp:' .. ARGV[1], ARGV[3])
 if fence then
 	return fence
 end

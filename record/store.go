@@ -260,7 +260,7 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 	if lock.Waiting(ctx) {
 		args = append(args, "1")
 	}
-	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key)}, args...)
+	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key), lock.GoneKey(key, token)}, args...)
 	if err != nil && !redisscript.Unreplicated(err) {
 		return 0, redisscript.Classify(ctx, err)
 	}
@@ -290,6 +290,17 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 // fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
 	return releaseFields(ctx, b.node, key, token, fingerprintField(token))
+}
+
+// GiveBack is Release for a Begin that did not answer in time, and may
+// still run: it also marks the token given back (lock.Redis's GiveBack), so
+// that a Begin that runs later takes nothing.
+func (b *begin) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
+	released, err := redisscript.ConnOf(b.node).GiveBackFields(ctx, key, lock.GoneKey(key, token), ttl, token, fingerprintField(token))
+	if err == nil && !released {
+		return lock.ErrNotHeld
+	}
+	return err
 }
 
 // WatchRelease is the lock's: a completion publishes as a release does.

@@ -456,3 +456,29 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 		}
 	}
 }
+
+// A Begin given back (it did not answer in time) takes nothing when it
+// runs after the give-back: neither the lock nor its fingerprint is left,
+// and the next Begin of the key runs at once.
+func TestBeginAfterGiveBackTakesNothing(t *testing.T) {
+	s, rdb := newStore(t)
+	ctx := ctxT(t)
+	key := lock.Key("test:", "", "given-back")
+	b := &begin{node: s.nodes[0], fingerprint: fp("a")}
+	if err := b.GiveBack(ctx, key, "t1", time.Minute); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("give-back of a Begin that never ran: %v, want ErrNotHeld", err)
+	}
+	if _, err := b.TryAcquire(ctx, key, "t1", time.Minute); !errors.As(err, new(*lock.NotObtainedError)) {
+		t.Fatalf("the late Begin: %v, want not obtained", err)
+	}
+	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
+		t.Fatalf("the late Begin left %d keys (lock fields %v)", n, rdb.HGetAll(ctx, key).Val())
+	}
+	p, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("the next Begin: %v", err)
+	}
+	if err := p.Complete(ctx, okResponse, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}

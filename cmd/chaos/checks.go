@@ -126,6 +126,7 @@ type redisState struct {
 	InProgress []string        // records that are not completed
 	Records    map[string]bool // completed record keys
 	Counters   int
+	GoneMarks  int // marks of tokens given back (lock.GoneKey), which live a lease
 	Err        string
 }
 
@@ -140,6 +141,8 @@ func scanRedis(ctx context.Context, addr string) redisState {
 		switch {
 		case strings.HasSuffix(k, "}fence"):
 			st.Counters++
+		case strings.Contains(k, ":gone:"):
+			st.GoneMarks++
 		case strings.HasSuffix(k, ":result"):
 			first, err := c.GetRange(ctx, k, 0, 0).Result()
 			if err == nil && first == "C" {

@@ -339,8 +339,8 @@ func writeSummary(w io.Writer, o *outcome) {
 		len(rec.Execs), len(keys), again, dropped, notProc)
 	fmt.Fprintf(w, "  replays:    %d\n", replays)
 	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
-	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters\n",
-		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters)
+	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters, %d give-back marks\n",
+		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters, rec.End.GoneMarks)
 	var ex []string
 	for why, n := range o.Excused.Counts {
 		ex = append(ex, fmt.Sprintf("%d %s", n, why))

@@ -191,21 +191,49 @@ func evalArgs(verb, script string, keys []string, args []any) []any {
 // wake the waiters (Conn.WatchRelease), in one more round trip that a
 // release nobody waited for does not make.
 func (c *Conn) ReleaseFields(ctx context.Context, key, token string, fields ...string) (bool, error) {
+	cmd := hdelFields(ctx, key, token, fields)
+	if err := c.Process(ctx, cmd); err != nil {
+		return false, Classify(ctx, err)
+	}
+	return c.released(ctx, key, cmd, fields), nil
+}
+
+// GiveBackFields is ReleaseFields for a token whose acquire did not answer
+// in time, and may still run after the release: a command that waited in
+// one connection's socket buffer, or in the client's queue, runs after one
+// sent later on another connection. Beside the HDEL it writes gone (the
+// token's GoneKey) for ttl, one lease, which the acquire scripts check
+// (take.lua's acquire), so that the late acquire takes nothing instead of
+// holding the key for a lease that nobody renews or releases.
+func (c *Conn) GiveBackFields(ctx context.Context, key, gone string, ttl time.Duration, token string, fields ...string) (bool, error) {
+	mark := redis.NewStatusCmd(ctx, "set", gone, "1", "px", max(ttl.Milliseconds(), 1))
+	cmd := hdelFields(ctx, key, token, fields)
+	if err := c.ProcessAll(ctx, mark, cmd); err != nil {
+		return false, Classify(ctx, err)
+	}
+	return c.released(ctx, key, cmd, fields), nil
+}
+
+// hdelFields is the HDEL of token's field of the lock key, fields the holder
+// kept beside it, and the mark of a waiting request (WaitedField).
+func hdelFields(ctx context.Context, key, token string, fields []string) *redis.IntCmd {
 	args := make([]any, 0, 4+len(fields))
 	args = append(args, "hdel", key, token)
 	for _, f := range fields {
 		args = append(args, f)
 	}
 	args = append(args, WaitedField(token))
-	cmd := redis.NewIntCmd(ctx, args...)
-	if err := c.Process(ctx, cmd); err != nil {
-		return false, Classify(ctx, err)
-	}
+	return redis.NewIntCmd(ctx, args...)
+}
+
+// released reports whether cmd, hdelFields' HDEL, deleted anything, and
+// wakes the waiters when it deleted the waited mark too.
+func (c *Conn) released(ctx context.Context, key string, cmd *redis.IntCmd, fields []string) bool {
 	n := cmd.Val()
 	if n == int64(len(fields)+2) {
 		c.PublishRelease(ctx, key)
 	}
-	return n != 0, nil
+	return n != 0
 }
 
 // WaitedField is the field of a lock that says a request waits for

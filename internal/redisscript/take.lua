@@ -53,10 +53,18 @@ end
 -- holds it already (a retry whose first reply was lost), renews its lease
 -- and returns the fencing token issued the first time, never a second one.
 -- It returns nil when another holder has the lock, which the script answers
--- in its own way.
-local function acquire(lock, token, ttl, counter, field, value)
-	if redis.call('EXISTS', lock) == 0 then
+-- in its own way, and when gone exists: the caller gave token up after this
+-- attempt failed to answer in time, and the give-back ran first (it went on
+-- another connection while this script waited in a socket buffer, or in
+-- the client's queue), so that the late attempt must take nothing. One
+-- EXISTS of both keys keeps the free path's cost.
+local function acquire(lock, token, ttl, counter, gone, field, value)
+	local found = redis.call('EXISTS', lock, gone)
+	if found == 0 then
 		return take(lock, token, ttl, counter, field, value)
+	end
+	if found == 2 or redis.call('EXISTS', gone) == 1 then
+		return nil
 	end
 	local mine = redis.call('HGET', lock, token)
 	if type(mine) == 'string' then

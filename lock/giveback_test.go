@@ -1,0 +1,128 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+)
+
+// lateBackend is a Redis whose acquires reach Redis late: each one runs
+// only after its caller gave up and gave the token back, as a script that
+// waited in one connection's socket buffer while a paused Redis came back
+// runs after a release sent later on another connection.
+type lateBackend struct {
+	*Redis
+	gaveBack chan struct{} // closed by the first GiveBack
+	ran      chan error    // the late acquire's result
+}
+
+func (b *lateBackend) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
+	go func() {
+		<-b.gaveBack
+		_, err := b.Redis.TryAcquire(context.Background(), key, token, ttl)
+		b.ran <- err
+	}()
+	<-ctx.Done()
+	return 0, ErrUnavailable
+}
+
+func (b *lateBackend) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
+	err := b.Redis.GiveBack(ctx, key, token, ttl)
+	close(b.gaveBack)
+	return err
+}
+
+// An acquire that did not answer in time is given back, and when it runs
+// after the give-back it takes nothing: the key is free for the next
+// request at once, not held for a lease that nobody renews or releases.
+func TestGiveBackBeforeLateAcquire(t *testing.T) {
+	srv, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(newRDB(t, srv.Addr), &Config{CallTimeout: 100 * time.Millisecond})
+	late := &lateBackend{Redis: NewRedis(newRDB(t, srv.Addr)), gaveBack: make(chan struct{}), ran: make(chan error, 1)}
+	key := testKey(t)
+	if _, err := c.AcquireWith(ctx, late, key, Options{TTL: time.Minute}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("acquire that did not answer: %v, want ErrUnavailable", err)
+	}
+	var err error
+	select {
+	case err = <-late.ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late acquire did not run: the token was never given back")
+	}
+	var ne *NotObtainedError
+	if !errors.As(err, &ne) {
+		t.Fatalf("late acquire after the give-back: %v, want not obtained", err)
+	}
+	if n := rdb.Exists(ctx, key).Val(); n != 0 {
+		t.Fatalf("the late acquire left the lock (fields %v, pttl %v)", rdb.HGetAll(ctx, key).Val(), rdb.PTTL(ctx, key).Val())
+	}
+	// The next request takes the key at once.
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The give-back's mark lives a lease and concerns its token alone; a
+// give-back that finds the lock taken releases it, as Release does.
+func TestGiveBackMark(t *testing.T) {
+	srv, rdb := startRedis(t)
+	ctx := ctxT(t)
+	r := NewRedis(newRDB(t, srv.Addr))
+	key := testKey(t)
+	if err := r.GiveBack(ctx, key, "t1", 30*time.Second); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("give-back of a lock never taken: %v, want ErrNotHeld", err)
+	}
+	if pttl := rdb.PTTL(ctx, GoneKey(key, "t1")).Val(); pttl <= 29*time.Second || pttl > 30*time.Second {
+		t.Fatalf("the mark's TTL is %v, want the lease, 30s", pttl)
+	}
+	if _, err := r.TryAcquire(ctx, key, "t1", 30*time.Second); !errors.As(err, new(*NotObtainedError)) {
+		t.Fatalf("acquire of the given-back token: %v, want not obtained", err)
+	}
+	if _, err := r.TryAcquire(ctx, key, "t2", 30*time.Second); err != nil {
+		t.Fatalf("acquire of another token: %v", err)
+	}
+	// Held by t2, whose acquire answered: t1's late attempt stays refused,
+	// and t2's give-back releases it.
+	if _, err := r.TryAcquire(ctx, key, "t1", 30*time.Second); !errors.As(err, new(*NotObtainedError)) {
+		t.Fatalf("acquire of the given-back token while another holds the key: %v, want not obtained", err)
+	}
+	if err := r.GiveBack(ctx, key, "t2", 30*time.Second); err != nil {
+		t.Fatalf("give-back of a held lock: %v", err)
+	}
+	redistest.Eventually(t, time.Second, "the lock released", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
+}
+
+// On a Redlock, a master whose acquire did not answer is given back with
+// the mark too: its acquire, run after the give-back, takes nothing there.
+func TestRedlockGiveBackBeforeLateAcquire(t *testing.T) {
+	_, rdbs, _ := masters(t, 3)
+	late := &lateBackend{Redis: NewRedis(rdbs[2]), gaveBack: make(chan struct{}), ran: make(chan error, 1)}
+	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), late}, []string{"m0", "m1", "m2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := testKey(t)
+	holdAs(t, rdbs[0], key, "other", time.Minute)
+	holdAs(t, rdbs[1], key, "other", time.Minute)
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	if _, err := rl.TryAcquire(ctx, key, "tok", time.Minute); !errors.As(err, new(*NotObtainedError)) {
+		t.Fatalf("acquire against a majority held elsewhere: %v, want not obtained", err)
+	}
+	select {
+	case err = <-late.ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("master 2's late acquire did not run: its token was never given back")
+	}
+	if !errors.As(err, new(*NotObtainedError)) {
+		t.Fatalf("master 2's late acquire after the give-back: %v, want not obtained", err)
+	}
+	if n := rdbs[2].Exists(ctxT(t), key).Val(); n != 0 {
+		t.Fatal("master 2's late acquire left the lock")
+	}
+}
