@@ -235,7 +235,7 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	validity := ttl - time.Since(start) - leaseMargin(ttl)
 	switch {
 	case granted >= rl.quorum && validity > 0:
-		if err := rl.raiseFence(ctx, key, fence); err != nil {
+		if err := rl.raiseFence(ctx, key, fence, ttl); err != nil {
 			rl.giveBack(ctx, id, key, token, ttl, at, answers, replies)
 			return 0, granted, err
 		}
@@ -267,11 +267,16 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 	return 0, granted, fmt.Errorf("%w: no majority of the masters answered: %w", ErrUnavailable, errors.Join(errs...))
 }
 
-// raiseFence writes fence back to the counters of a majority. The calls
-// run on ctx itself, and it returns as soon as a majority took the token
-// or too many failed for one to.
-func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64) error {
-	ok, errs := quorum.CallOrGiveUp(ctx, func() {}, len(rl.nodes), rl.quorum, func(ctx context.Context, i int) (bool, error) {
+// raiseFence writes fence back to the counters of a majority, and returns
+// as soon as a majority took the token or too many failed for one to. The
+// calls run detached from ctx's cancellation, bounded by its deadline (else
+// by ttl), and outlive the return: the caller's call context ends once the
+// acquire returns, and a master that answers after the majority must still
+// get the token, or its counter lags behind the others'. A late write is
+// harmless: raise.lua only ever raises a counter.
+func (rl *Redlock) raiseFence(ctx context.Context, key string, fence int64, ttl time.Duration) error {
+	callCtx, cancel := detached(ctx, ttl)
+	ok, errs := quorum.CallOrGiveUp(callCtx, cancel, len(rl.nodes), rl.quorum, func(ctx context.Context, i int) (bool, error) {
 		if err := rl.nodes[i].RaiseFence(ctx, key, fence); err != nil {
 			return false, rl.nodeError(i, err)
 		}

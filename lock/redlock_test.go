@@ -279,3 +279,58 @@ func TestRedlockGivesBackGrantAfterDeadline(t *testing.T) {
 		return rdbs[2].Exists(bg, key).Val() == 0
 	})
 }
+
+// slowRaise is a master whose fencing write-backs reach Redis a while after
+// they are sent: the master that answers after the majority.
+type slowRaise struct {
+	*Redis
+	raised chan error
+}
+
+func (m slowRaise) RaiseFence(ctx context.Context, key string, fence int64) error {
+	time.Sleep(100 * time.Millisecond)
+	err := m.Redis.RaiseFence(ctx, key, fence)
+	m.raised <- err
+	return err
+}
+
+// The winning token is written back to every master, also to one that
+// answers after the majority and so after the acquire returned (and its
+// call context ended): no master's counter is left behind.
+func TestRedlockRaiseReachesLateMaster(t *testing.T) {
+	_, rdbs, _ := masters(t, 3)
+	slow := slowRaise{NewRedis(rdbs[2]), make(chan error, 1)}
+	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), slow}, []string{"m0", "m1", "m2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewWithBackend(rl, &Config{CallTimeout: 2 * time.Second})
+	ctx := ctxT(t)
+	key := testKey(t)
+	// Masters 0 and 1 are ahead, so every majority's token is above the
+	// clock's, which master 2 issues.
+	const ahead = 9_000_000_000_000_000
+	for _, rdb := range rdbs[:2] {
+		if err := rdb.Set(ctx, CounterKey(key), ahead, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := mustAcquire(t, c, key, Options{TTL: time.Minute})
+	if l.Fence() <= ahead {
+		t.Fatalf("fence %d, want above the counter ahead", l.Fence())
+	}
+	select {
+	case err := <-slow.raised:
+		if err != nil {
+			t.Fatalf("the late master's write-back: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late master's write-back never ran")
+	}
+	if got, _ := rdbs[2].Get(ctx, CounterKey(key)).Int64(); got < l.Fence() {
+		t.Fatalf("the late master's counter is %d, want at least the token %d", got, l.Fence())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
