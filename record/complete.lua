@@ -7,7 +7,9 @@
 -- Returns 1 when the outcome is stored (now, or by an earlier try), 2 when
 -- another holder has the lock (nothing written), else 0 (another outcome
 -- is stored).
-if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+-- HEXISTS first: while the request holds its lock, as it mostly does, one
+-- command tells.
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
 	return 2 -- another holder's: its outcome, not ours
 end
 local old = redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2], 'NX', 'GET')
