@@ -283,11 +283,16 @@ func (c *Client) refresh(ctx context.Context, b Backend, key, token string, ttl 
 // release deletes key on b if it still holds token, on a context detached
 // from the caller's cancellation, bounded by ReleaseTimeout.
 func (c *Client) release(ctx context.Context, b Backend, key, token string) error {
+	return c.releaseCall(ctx, func(rctx context.Context) error { return b.Release(rctx, key, token) })
+}
+
+// releaseCall runs call, a release, on the ReleaseContext of ctx. The caller's
+// context cannot end it; its own timeout passing means Redis did not
+// answer: ErrUnavailable.
+func (c *Client) releaseCall(ctx context.Context, call func(context.Context) error) error {
 	rctx, cancel := c.ReleaseContext(ctx)
 	defer cancel()
-	// The caller's context cannot end a release; the release's own
-	// timeout passing means Redis did not answer: ErrUnavailable.
-	return c.reclassify(context.WithoutCancel(ctx), b.Release(rctx, key, token))
+	return c.reclassify(context.WithoutCancel(ctx), call(rctx))
 }
 
 // givingBack is a Backend that can give back a token whose acquire did not
@@ -297,16 +302,18 @@ type givingBack interface {
 	GiveBack(ctx context.Context, key, token string, ttl time.Duration) error
 }
 
-// giveBack is release for a token whose acquire may still run: through b's
-// GiveBack when it has one.
+// giveBack is release for a token whose acquire may still run.
 func (c *Client) giveBack(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
-	g, ok := b.(givingBack)
-	if !ok {
-		return c.release(ctx, b, key, token)
+	return c.releaseCall(ctx, func(rctx context.Context) error { return giveBackOn(rctx, b, key, token, ttl) })
+}
+
+// giveBackOn gives token back on b: through its GiveBack when it has one,
+// else its Release.
+func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
+	if g, ok := b.(givingBack); ok {
+		return g.GiveBack(ctx, key, token, ttl)
 	}
-	rctx, cancel := c.ReleaseContext(ctx)
-	defer cancel()
-	return c.reclassify(context.WithoutCancel(ctx), g.GiveBack(rctx, key, token, ttl))
+	return b.Release(ctx, key, token)
 }
 
 // ReleaseContext is the context a release runs on: detached from ctx's

@@ -102,10 +102,7 @@ func TestGiveBackMark(t *testing.T) {
 func TestRedlockGiveBackBeforeLateAcquire(t *testing.T) {
 	_, rdbs, _ := masters(t, 3)
 	late := &lateBackend{Redis: NewRedis(rdbs[2]), gaveBack: make(chan struct{}), ran: make(chan error, 1)}
-	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), late}, []string{"m0", "m1", "m2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := redlockWithLast(t, rdbs, late)
 	key := testKey(t)
 	holdAs(t, rdbs[0], key, "other", time.Minute)
 	holdAs(t, rdbs[1], key, "other", time.Minute)
@@ -114,6 +111,7 @@ func TestRedlockGiveBackBeforeLateAcquire(t *testing.T) {
 	if _, err := rl.TryAcquire(ctx, key, "tok", time.Minute); !errors.As(err, new(*NotObtainedError)) {
 		t.Fatalf("acquire against a majority held elsewhere: %v, want not obtained", err)
 	}
+	var err error
 	select {
 	case err = <-late.ran:
 	case <-time.After(5 * time.Second):

@@ -68,10 +68,11 @@ func init() {
 func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
 	var cmd *redis.Cmd
 	var err error
+	keys := []string{key, CounterKey(key), GoneKey(key, token)}
 	if Waiting(ctx) {
-		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key), GoneKey(key, token)}, token, ttl.Milliseconds(), "1")
+		cmd, err = r.conn.Run(ctx, acquireScript, keys, token, ttl.Milliseconds(), "1")
 	} else {
-		cmd, err = r.conn.Run(ctx, acquireScript, []string{key, CounterKey(key), GoneKey(key, token)}, token, ttl.Milliseconds())
+		cmd, err = r.conn.Run(ctx, acquireScript, keys, token, ttl.Milliseconds())
 	}
 	return redisscript.Grant(ctx, cmd, err, notObtained)
 }

@@ -393,15 +393,6 @@ func (rl *Redlock) GiveBack(ctx context.Context, key, token string, ttl time.Dur
 	return rl.release(ctx, key, token, func(ctx context.Context, m Master) error { return giveBackOn(ctx, m, key, token, ttl) })
 }
 
-// giveBackOn gives token back on m: through its GiveBack when it has one,
-// else its Release.
-func giveBackOn(ctx context.Context, m Master, key, token string, ttl time.Duration) error {
-	if g, ok := m.(givingBack); ok {
-		return g.GiveBack(ctx, key, token, ttl)
-	}
-	return m.Release(ctx, key, token)
-}
-
 // release is Release with del as each master's release.
 func (rl *Redlock) release(ctx context.Context, key, token string, del func(context.Context, Master) error) error {
 	rctx, cancel := withoutCancel(ctx)

@@ -37,6 +37,17 @@ func masters(t *testing.T, n int) ([]*redistest.Server, []*redis.Client, *Client
 	return srvs, rdbs, NewWithBackend(rl, &Config{CallTimeout: 2 * time.Second})
 }
 
+// redlockWithLast is the Redlock of rdbs[0], rdbs[1] and last, a third
+// master that misbehaves as a test needs.
+func redlockWithLast(t *testing.T, rdbs []*redis.Client, last Master) *Redlock {
+	t.Helper()
+	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), last}, []string{"m0", "m1", "m2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rl
+}
+
 func TestRedlockNeedsOddMajority(t *testing.T) {
 	for _, n := range []int{0, 1, 2, 4} {
 		if _, err := NewRedlock(make([]redis.UniversalClient, n), make([]string, n)); err == nil {
@@ -258,10 +269,7 @@ func (m lateMaster) TryAcquire(ctx context.Context, key, token string, ttl time.
 func TestRedlockGivesBackGrantAfterDeadline(t *testing.T) {
 	_, rdbs, _ := masters(t, 3)
 	late := lateMaster{NewRedis(rdbs[2]), make(chan error, 1)}
-	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), late}, []string{"m0", "m1", "m2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := redlockWithLast(t, rdbs, late)
 	key := testKey(t)
 	holdAs(t, rdbs[0], key, "other", time.Minute)
 	holdAs(t, rdbs[1], key, "other", time.Minute)
@@ -300,10 +308,7 @@ func (m slowRaise) RaiseFence(ctx context.Context, key string, fence int64) erro
 func TestRedlockRaiseReachesLateMaster(t *testing.T) {
 	_, rdbs, _ := masters(t, 3)
 	slow := slowRaise{NewRedis(rdbs[2]), make(chan error, 1)}
-	rl, err := NewRedlockOf([]Master{NewRedis(rdbs[0]), NewRedis(rdbs[1]), slow}, []string{"m0", "m1", "m2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := redlockWithLast(t, rdbs, slow)
 	c := NewWithBackend(rl, &Config{CallTimeout: 2 * time.Second})
 	ctx := ctxT(t)
 	key := testKey(t)
