@@ -52,10 +52,13 @@ type Config struct {
 	// cancellation. Default 0: CallTimeout, else the Redis client's own
 	// read and write timeouts (go-redis: ReadTimeout, 3s unless set).
 	ReleaseTimeout time.Duration
-	// MaxBackground bounds the releases running in the background at once:
-	// those after an acquire whose reply did not come (the lock may have
-	// been taken) and ReleaseAsync. Beyond it they are dropped and the
-	// lease ends the lock. Default 64.
+	// MaxBackground bounds the work running in the background at once:
+	// ReleaseAsync and Background's callers. The give-backs after an
+	// acquire whose reply did not come (the lock may have been taken),
+	// which are tried again while Redis does not answer, have a bound of
+	// their own, as large, so that they never crowd out the rest (a stored
+	// answer written again, say). Beyond it work is dropped and the lease
+	// ends the lock. Default 64.
 	MaxBackground int
 	// OnRenew, when set, is called after every keep-alive refresh with nil,
 	// ErrNotHeld or an ErrUnavailable error (for metrics).
@@ -71,6 +74,7 @@ type Client struct {
 	b   Backend
 	cfg Config
 	bg  chan struct{} // background work running
+	gb  chan struct{} // give-backs running
 }
 
 // New returns a Client on one Redis deployment (NewRedis). go-redis may
@@ -93,6 +97,7 @@ func NewWithBackend(b Backend, cfg *Config) *Client {
 		c.cfg.MaxBackground = DefaultMaxBackground
 	}
 	c.bg = make(chan struct{}, c.cfg.MaxBackground)
+	c.gb = make(chan struct{}, c.cfg.MaxBackground)
 	return c
 }
 
@@ -202,7 +207,7 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 				// only the reply be lost: free what may be ours so a
 				// duplicate is not blocked for a lease, and mark the
 				// token given back for an attempt that runs later.
-				c.Background(ctx, func(ctx context.Context) { _ = c.giveBack(ctx, b, key, token, ttl) })
+				c.giveBackUntilAnswered(ctx, b, key, token, ttl)
 			}
 			return nil, err
 		}
@@ -307,6 +312,42 @@ func (c *Client) giveBack(ctx context.Context, b Backend, key, token string, ttl
 	return c.releaseCall(ctx, func(rctx context.Context) error { return giveBackOn(rctx, b, key, token, ttl) })
 }
 
+// giveBackUntilAnswered gives token back in the background, and again
+// while Redis does not answer: a paused Redis accepts a new connection but
+// answers no handshake, so a give-back sent during the pause is never
+// written, while the acquire that waited in the old connection's socket
+// buffer runs when Redis resumes. Tried again until the first answer, for
+// at least a lease (GiveBackFor when the lease is shorter), it reaches
+// Redis soon after that acquire; the mark makes a give-back repeated in
+// any order safe. It stops when the Redis client is closed.
+func (c *Client) giveBackUntilAnswered(ctx context.Context, b Backend, key, token string, ttl time.Duration) {
+	c.inBackground(ctx, c.gb, func(ctx context.Context) {
+		deadline := time.Now().Add(max(ttl, GiveBackFor))
+		pause := minGiveBackPause
+		for {
+			err := c.giveBack(ctx, b, key, token, ttl)
+			if !errors.Is(err, ErrUnavailable) || errors.Is(err, redis.ErrClosed) || time.Now().Add(pause).After(deadline) {
+				return
+			}
+			time.Sleep(pause)
+			pause = min(2*pause, maxGiveBackPause)
+		}
+	})
+}
+
+// GiveBackFor is the shortest time a give-back that Redis did not answer
+// is tried again for (a lease, when that is longer).
+const GiveBackFor = 10 * time.Second
+
+const (
+	minGiveBackPause = 50 * time.Millisecond
+	maxGiveBackPause = 500 * time.Millisecond
+)
+
+// Running is the number of background calls running now: Background's
+// and the give-backs.
+func (c *Client) Running() int { return len(c.bg) + len(c.gb) }
+
 // giveBackOn gives token back on b: through its GiveBack when it has one,
 // else its Release.
 func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
@@ -328,19 +369,25 @@ func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.C
 }
 
 // Background runs f on a context detached from ctx's cancellation, unless
-// MaxBackground calls (the Client's own cleanups included) are already
-// running: then f is dropped, as the lease ends what it would have cleaned
-// up. It reports whether f runs. For work a caller finishes after it has
+// MaxBackground calls (ReleaseAsync's included; give-backs have a bound of
+// their own) are already running: then f is dropped, as the lease ends
+// what it would have cleaned up. It reports whether f runs. For work a caller finishes after it has
 // answered, such as storing an outcome once Redis is back (package
 // record's users).
 func (c *Client) Background(ctx context.Context, f func(context.Context)) bool {
+	return c.inBackground(ctx, c.bg, f)
+}
+
+// inBackground runs f detached from ctx's cancellation while sem, a bound
+// of background work, has room; it reports whether f runs.
+func (c *Client) inBackground(ctx context.Context, sem chan struct{}, f func(context.Context)) bool {
 	select {
-	case c.bg <- struct{}{}:
+	case sem <- struct{}{}:
 	default:
 		return false
 	}
 	go func() {
-		defer func() { <-c.bg }()
+		defer func() { <-sem }()
 		f(context.WithoutCancel(ctx))
 	}()
 	return true

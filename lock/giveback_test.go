@@ -124,3 +124,62 @@ func TestRedlockGiveBackBeforeLateAcquire(t *testing.T) {
 		t.Fatal("master 2's late acquire left the lock")
 	}
 }
+
+// pausedAcquire warms a connection of c's Redis client, pauses srv and
+// acquires key: the acquire is written on the warm connection and waits in
+// its socket buffer, and times out. The give-back goes on a new
+// connection, whose handshake the paused Redis does not answer.
+func pausedAcquire(t *testing.T, srv *redistest.Server, c *Client, key string) {
+	t.Helper()
+	warm := mustAcquire(t, c, key+"-warm", Options{TTL: time.Minute})
+	if err := warm.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	if _, err := c.Acquire(ctxT(t), key, Options{TTL: time.Minute}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("acquire on a paused Redis: %v, want ErrUnavailable", err)
+	}
+}
+
+// A give-back that the paused Redis never answered is tried again until
+// one is answered: the acquire that ran when Redis resumed holds the key
+// for a moment, not for its minute's lease; then no try is left.
+func TestGiveBackTriedUntilAnswered(t *testing.T) {
+	srv, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(newRDB(t, srv.Addr), &Config{CallTimeout: 200 * time.Millisecond})
+	key := testKey(t)
+	pausedAcquire(t, srv, c, key)
+	time.Sleep(time.Second) // several give-backs, none answered
+	if n := c.Running(); n != 1 {
+		t.Fatalf("%d background calls during the pause, want the give-back", n)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	redistest.Eventually(t, 3*time.Second, "the give-back answered", func() bool { return c.Running() == 0 })
+	if n := rdb.Exists(ctx, key).Val(); n != 0 {
+		t.Fatalf("%v after Redis resumed, the lock is still held (pttl %v): the give-back was not tried again", time.Since(resumed), rdb.PTTL(ctx, key).Val())
+	}
+	if marks := rdb.Keys(ctx, key+":gone:*").Val(); len(marks) != 1 {
+		t.Fatalf("give-back marks %v, want one", marks)
+	}
+	t.Logf("the key was free and the give-back done %v after Redis resumed", time.Since(resumed))
+}
+
+// The tries stop when the Redis client is closed, long before GiveBackFor.
+func TestGiveBackStopsOnClosedClient(t *testing.T) {
+	srv, _ := startRedis(t)
+	rdb := newRDB(t, srv.Addr)
+	c := New(rdb, &Config{CallTimeout: 200 * time.Millisecond})
+	pausedAcquire(t, srv, c, testKey(t))
+	if n := c.Running(); n != 1 {
+		t.Fatalf("%d background calls during the pause, want the give-back", n)
+	}
+	_ = rdb.Close()
+	redistest.Eventually(t, 2*time.Second, "the give-back to stop on the closed client", func() bool { return c.Running() == 0 })
+}
