@@ -25,9 +25,9 @@
 #   LOADTEST_BODY_SIZE      bytes of the upstream's JSON answer (default 100;
 #                           it is never smaller than 108)
 #   LOADTEST_REPLAY_KEYS    keys stored before the replay runs (default 4096)
-#   LOADTEST_TARGET         ratio target, locked/plain (default 0.80)
-#   LOADTEST_IDEM_TARGET    ratio target, idem/locked (default 0.85)
-#   LOADTEST_REPLAY_TARGET  ratio target, replay/plain (default 1.00)
+#   LOADTEST_TARGET         ratio target, locked/plain (default 0.85)
+#   LOADTEST_IDEM_TARGET    ratio target, idem/locked (default 0.90)
+#   LOADTEST_REPLAY_TARGET  ratio target, replay/plain (default 2.00)
 #   LOADTEST_MAX_STEAL      a round whose runs lost more than this % of the CPU
 #                           to the VM's host (steal) is run again, up to 3x
 #                           rounds in all (default 5)
@@ -54,9 +54,9 @@ duration=${LOADTEST_DURATION:-10s}
 warmup=${LOADTEST_WARMUP:-3s}
 conns=${LOADTEST_CONNECTIONS:-64}
 threads=${LOADTEST_THREADS:-$(nproc)}
-target=${LOADTEST_TARGET:-0.80}
-idem_target=${LOADTEST_IDEM_TARGET:-0.85}
-replay_target=${LOADTEST_REPLAY_TARGET:-1.00}
+target=${LOADTEST_TARGET:-0.85}
+idem_target=${LOADTEST_IDEM_TARGET:-0.90}
+replay_target=${LOADTEST_REPLAY_TARGET:-2.00}
 max_steal=${LOADTEST_MAX_STEAL:-5}
 caddyfile=${LOADTEST_CADDYFILE:-scripts/loadtest/Caddyfile}
 body_size=${LOADTEST_BODY_SIZE:-100}
