@@ -191,11 +191,14 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer done()
 			deadline := time.Now().Add(retryFor)
-			for wait := time.Duration(0); time.Now().Before(deadline); wait = min(max(2*wait, 25*time.Millisecond), 200*time.Millisecond) {
+			back := h.client.back.next()
+			for time.Now().Before(deadline) {
 				if !again(err) && !errors.Is(err, record.ErrKeyHeld) {
 					break
 				}
-				time.Sleep(wait)
+				// At once when Redis is back meanwhile.
+				waitOrBack(back, completeRetryPause)
+				back = h.client.back.next()
 				err = p.Complete(ctx, resp, retention)
 			}
 			h.stored(p.Lock, resp, lost, err)
@@ -215,9 +218,17 @@ func again(err error) bool {
 
 // completeRetryFor is how long an outcome is tried again in the background
 // while Redis does not answer (at least a lease): a retry that comes once
-// Redis is back finds it, unless it comes within a try's interval (at most
-// 200ms) and a reconnect (redialInterval) of Redis's return.
+// Redis is back finds it, unless it comes within a reconnect
+// (redialInterval) and a round trip of Redis's return, when the tries are
+// woken (redisBack), or a try's own timeout when one was in flight.
 const completeRetryFor = 10 * time.Second
+
+// completeRetryPause is the pause between two tries of an outcome: as
+// short as the pools' probe's (redialInterval), as a node whose pool did
+// not go over to the probe is woken by nothing but its own tries. A try
+// that fails fast (Redis refusing connections) costs a dial; one against a
+// hung Redis waits its timeout; at most MaxBackground run at once.
+const completeRetryPause = redialInterval
 
 // unackedRetryFor is how long an answer stored but not acknowledged by
 // the replicas (`replicas`) is written again: through a failover, whose

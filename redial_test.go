@@ -35,7 +35,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend, closeBackend, err := newBackend(rc)
+	backend, _, closeBackend, err := newBackend(rc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,37 +52,39 @@ func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// newBackend builds the lock backend of a resolved config and what closes
-// it. It does not connect: go-redis dials lazily and reconnects by itself.
-func newBackend(c *RedisConfig) (lock.Backend, func() error, error) {
+// newBackend builds the lock backend of a resolved config, what tells when
+// a server that failed is back, and what closes them. It does not connect:
+// go-redis dials lazily and reconnects by itself.
+func newBackend(c *RedisConfig) (lock.Backend, *redisBack, func() error, error) {
 	tlsCfg, err := c.TLS.tlsConfig()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	opt := universalOptions(c, tlsCfg)
-	rd := newRedialer(opt)
+	back := newRedisBack()
+	rd := newRedialer(opt, back)
 	if c.Mode == ModeSentinel {
 		rd.master = newSentinelMaster(opt)
 	}
 	opt.Dialer = rd.dial
-	b, closeFn, err := newClients(c, opt)
+	b, closeFn, err := newClients(c, opt, back)
 	if err != nil {
 		rd.close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return b, func() error { rd.close(); return closeFn() }, nil
+	return b, back, func() error { rd.close(); return closeFn() }, nil
 }
 
 // newClients builds the go-redis clients of c's mode with opt, and the lock
 // backend on them.
-func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func() error, error) {
+func newClients(c *RedisConfig, opt *redis.UniversalOptions, back *redisBack) (lock.Backend, func() error, error) {
 	switch c.Mode {
 	case ModeSentinel:
 		// A failover client follows the Sentinels' +switch-master and
 		// reconnects to the new primary, with no restart. Its options have
 		// no Limiter: the backoff is a hook there.
 		rdb := redis.NewFailoverClient(opt.Failover())
-		rdb.AddHook(new(authBackoff))
+		rdb.AddHook(newAuthBackoff(back))
 		return pipelined(rdb, c)
 	case ModeCluster:
 		// The cluster client routes each script to the node of its keys'
@@ -95,7 +97,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 		// master stay on it long after its replica took over.
 		co.ClusterStateReloadInterval = time.Second
 		co.NewClient = func(o *redis.Options) *redis.Client {
-			o.Limiter = new(authBackoff)
+			o.Limiter = newAuthBackoff(back)
 			return redis.NewClient(o)
 		}
 		return pipelined(redis.NewClusterClient(co), c)
@@ -103,7 +105,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 		var nodes []lock.Master
 		var closers []func() error
 		for _, addr := range c.Addresses {
-			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr)), c)
+			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr, back)), c)
 			if err != nil {
 				return nil, nil, errors.Join(err, closeAll(closers)())
 			}
@@ -115,7 +117,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions) (lock.Backend, func
 		}
 		return rl, closeAll(closers), nil
 	}
-	return pipelined(redis.NewClient(serverOptions(opt, c.Addresses[0])), c)
+	return pipelined(redis.NewClient(serverOptions(opt, c.Addresses[0], back)), c)
 }
 
 // universalOptions are the options every mode shares; go-redis derives
@@ -179,6 +181,7 @@ type redialer struct {
 	next    func(ctx context.Context, network, addr string) (net.Conn, error)
 	timeout time.Duration   // each attempt of the probe's
 	master  *sentinelMaster // Sentinel mode: who the master is now
+	back    *redisBack      // told when the probe connects
 	done    chan struct{}   // closed with the backend
 	closed  sync.Once
 }
@@ -193,14 +196,14 @@ const sentinelAskInterval = 250 * time.Millisecond
 // probeFrame is the function of go-redis's pool probe.
 const probeFrame = "github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"
 
-func newRedialer(opt *redis.UniversalOptions) *redialer {
+func newRedialer(opt *redis.UniversalOptions, back *redisBack) *redialer {
 	// go-redis's own dialer, as it builds it when Options.Dialer is nil.
 	timeout := opt.DialTimeout
 	if timeout <= 0 {
 		timeout = DefaultDialTimeout
 	}
 	next := redis.NewDialer(&redis.Options{DialTimeout: timeout, TLSConfig: opt.TLSConfig})
-	return &redialer{next: next, timeout: timeout, done: make(chan struct{})}
+	return &redialer{next: next, timeout: timeout, back: back, done: make(chan struct{})}
 }
 
 func (r *redialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -213,6 +216,7 @@ func (r *redialer) dial(ctx context.Context, network, addr string) (net.Conn, er
 		c, err := r.next(actx, network, addr)
 		cancel()
 		if err == nil {
+			r.back.back()
 			return c, nil
 		}
 		if r.master != nil && time.Since(asked) >= sentinelAskInterval {
@@ -295,10 +299,10 @@ func calledFrom(fn string) bool {
 }
 
 // serverOptions are the options of a client of the one server at addr.
-func serverOptions(opt *redis.UniversalOptions, addr string) *redis.Options {
+func serverOptions(opt *redis.UniversalOptions, addr string, back *redisBack) *redis.Options {
 	o := opt.Simple()
 	o.Addr = addr
-	o.Limiter = new(authBackoff)
+	o.Limiter = newAuthBackoff(back)
 	return o
 }
 
@@ -308,9 +312,17 @@ func serverOptions(opt *redis.UniversalOptions, addr string) *redis.Options {
 // fail at once. Without it every request dials, and is refused, on a
 // connection of its own: thousands of connections a second, and as many
 // sockets left in TIME_WAIT.
+//
+// As the one thing that sees every command's result on a server, it also
+// tells back when the server answers again after a failure.
 type authBackoff struct {
 	until   atomic.Int64
 	refusal atomic.Pointer[error] // Redis's answer, for the log
+	health  serverHealth
+}
+
+func newAuthBackoff(back *redisBack) *authBackoff {
+	return &authBackoff{health: serverHealth{b: back}}
 }
 
 // authBackoffFor is how long connections are not tried after a refusal.
@@ -324,6 +336,7 @@ func (b *authBackoff) Allow() error {
 }
 
 func (b *authBackoff) ReportResult(err error) {
+	b.health.report(err)
 	if err != nil && (redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "NOAUTH")) {
 		b.refusal.Store(&err)
 		b.until.Store(time.Now().Add(authBackoffFor).UnixNano())
@@ -421,6 +434,7 @@ var clients = caddy.NewUsagePool()
 // stays open until the last of them is released.
 type pooledClient struct {
 	backend  lock.Backend
+	back     *redisBack
 	close    func() error
 	inFlight atomic.Int64 // requests between hold and done
 	retired  atomic.Bool  // Destruct was called
@@ -460,11 +474,11 @@ func acquireClient(c *RedisConfig) (*pooledClient, string, error) {
 	setGoRedisLogger.Do(func() { redis.SetLogger(goRedisLogger{caddy.Log().Named("redis_lock.go-redis")}) })
 	key := c.poolKey()
 	v, _, err := clients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		b, closeFn, err := newBackend(c)
+		b, back, closeFn, err := newBackend(c)
 		if err != nil {
 			return nil, err
 		}
-		return &pooledClient{backend: b, close: closeFn}, nil
+		return &pooledClient{backend: b, back: back, close: closeFn}, nil
 	})
 	if err != nil {
 		return nil, "", err

@@ -37,16 +37,17 @@ type windows struct {
 	ttl time.Duration
 	// tryInterval is how long after Redis answers again an answer given
 	// while it was away may still be unstored: one completion try (at most
-	// twice the command timeout against a hung Redis) and the 200ms between
-	// tries ("a retry ... within a try's interval of Redis's return"), and
-	// 100ms of scheduling on a loaded machine.
+	// twice the command timeout against a hung Redis) and the 25ms between
+	// tries, which Redis's return cuts short ("a retry ... within a try's
+	// interval of Redis's return"), and 100ms of scheduling on a loaded
+	// machine.
 	tryInterval time.Duration
 	empty       []faultEvent // Redis restarted empty: locks and records lost
 	outages     []faultEvent // Redis paused or down, then back with its data
 }
 
 func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
-	w := windows{ttl: ttl, tryInterval: 2*timeout + 200*time.Millisecond + 100*time.Millisecond}
+	w := windows{ttl: ttl, tryInterval: 2*timeout + 25*time.Millisecond + 100*time.Millisecond}
 	for _, f := range faults {
 		if f.Return.IsZero() {
 			continue
