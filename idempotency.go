@@ -192,12 +192,13 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 			defer done()
 			deadline := time.Now().Add(retryFor)
 			back := h.client.back.next()
-			for time.Now().Before(deadline) {
+			for pause := time.Duration(0); time.Now().Before(deadline); pause = completeRetryPause {
 				if !again(err) && !errors.Is(err, record.ErrKeyHeld) {
 					break
 				}
-				// At once when Redis is back meanwhile.
-				waitOrBack(back, completeRetryPause)
+				// The first try at once (a lost lock's answer has
+				// had none); then at once when Redis is back.
+				waitOrBack(back, pause)
 				back = h.client.back.next()
 				err = p.Complete(ctx, resp, retention)
 			}

@@ -27,7 +27,8 @@ const redialTrials = 6
 // killed, tries to store it until its pool gives up dialling (more failed
 // dials than its size), and keeps trying every 10ms; Redis restarts from
 // its AOF. Each time, the answer must be stored within redialBound of Redis
-// answering PING again.
+// answering PING again, and the probe's connect must wake the tries that
+// wait for Redis.
 func TestRedialAfterRestartWithinBound(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, "--appendonly", "yes")
@@ -35,7 +36,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend, _, closeBackend, err := newBackend(rc)
+	backend, back, closeBackend, err := newBackend(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +76,18 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 			t.Fatalf("trial %d: a completion with Redis down took %v, its whole timeout", trial, slowest)
 		}
 		// Restart returns once Redis answers a PING (polled every 20ms).
+		woken := back.next()
 		if err := srv.Restart(); err != nil {
 			t.Fatal(err)
 		}
 		up := time.Now()
+		// The pool's probe connecting alone, with no command sent, wakes
+		// the tries that wait for Redis (redisBack).
+		select {
+		case <-woken:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("trial %d: the probe connected and woke nothing", trial)
+		}
 		for {
 			err := lk.Complete(ctx, resp, time.Hour)
 			if err == nil {

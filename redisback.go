@@ -92,4 +92,5 @@ func notReady(err error) bool {
 	return false
 }
 
-var notReadyPrefixes = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY"}
+// "BUSY " with its space: not BUSYKEY or BUSYGROUP, which are answers.
+var notReadyPrefixes = []string{"LOADING", "BUSY ", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY"}

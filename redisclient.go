@@ -189,6 +189,10 @@ type redialer struct {
 // redialInterval is how often the pools' probe dials while Redis refuses.
 const redialInterval = 25 * time.Millisecond
 
+// probeSettle is how long after the probe connects the tries waiting for
+// Redis are woken: the time the pool takes to count the probe's success.
+const probeSettle = time.Millisecond
+
 // sentinelAskInterval is how often the probe asks the Sentinels for the
 // master while it cannot connect.
 const sentinelAskInterval = 250 * time.Millisecond
@@ -216,7 +220,10 @@ func (r *redialer) dial(ctx context.Context, network, addr string) (net.Conn, er
 		c, err := r.next(actx, network, addr)
 		cancel()
 		if err == nil {
-			r.back.back()
+			// Once the probe has returned: the pool takes new
+			// connections again only then (it resets its count of
+			// failed dials), and a try woken before would fail at once.
+			time.AfterFunc(probeSettle, r.back.back)
 			return c, nil
 		}
 		if r.master != nil && time.Since(asked) >= sentinelAskInterval {

@@ -340,8 +340,8 @@ func (c *Client) giveBackUntilAnswered(ctx context.Context, b Backend, key, toke
 const GiveBackFor = 10 * time.Second
 
 const (
-	minGiveBackPause = 50 * time.Millisecond
-	maxGiveBackPause = 500 * time.Millisecond
+	minGiveBackPause = 25 * time.Millisecond
+	maxGiveBackPause = 100 * time.Millisecond
 )
 
 // Running is the number of background calls running now: Background's

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 type lateBackend struct {
 	*Redis
 	gaveBack chan struct{} // closed by the first GiveBack
+	once     sync.Once     // a give-back not answered in time is tried again
 	ran      chan error    // the late acquire's result
 }
 
@@ -31,7 +33,7 @@ func (b *lateBackend) TryAcquire(ctx context.Context, key, token string, ttl tim
 
 func (b *lateBackend) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
 	err := b.Redis.GiveBack(ctx, key, token, ttl)
-	close(b.gaveBack)
+	b.once.Do(func() { close(b.gaveBack) })
 	return err
 }
 
