@@ -185,3 +185,26 @@ func TestGiveBackStopsOnClosedClient(t *testing.T) {
 	_ = rdb.Close()
 	redistest.Eventually(t, 2*time.Second, "the give-back to stop on the closed client", func() bool { return c.Running() == 0 })
 }
+
+// A Redlock give-back is done once a majority answered: with one master
+// down, a give-back of a lock never taken is answered (ErrNotHeld), not
+// tried again for as long as that master stays down; with a majority down
+// it is unavailable.
+func TestRedlockGiveBackDoneOnMajority(t *testing.T) {
+	srvs, rdbs, _ := masters(t, 3)
+	rl := redlockWithLast(t, rdbs, NewRedis(rdbs[2]))
+	key := testKey(t)
+	srvs[2].Stop()
+	if err := rl.GiveBack(ctxT(t), key, "tok", time.Minute); errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("give-back with 2 of 3 masters answering: %v, want ErrNotHeld", err)
+	}
+	for i := range 2 {
+		if n := rdbs[i].Exists(ctxT(t), GoneKey(key, "tok")).Val(); n != 1 {
+			t.Fatalf("master %d has no give-back mark", i)
+		}
+	}
+	srvs[1].Stop()
+	if err := rl.GiveBack(ctxT(t), key, "tok", time.Minute); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("give-back with 1 of 3 masters answering: %v, want ErrUnavailable", err)
+	}
+}

@@ -383,18 +383,23 @@ func (rl *Redlock) Refresh(ctx context.Context, key, token string, ttl time.Dura
 // ctx's deadline, after Release returned. A master still answering the
 // acquire is released once it answered (and settled).
 func (rl *Redlock) Release(ctx context.Context, key, token string) error {
-	return rl.release(ctx, key, token, func(ctx context.Context, m Master) error { return m.Release(ctx, key, token) })
+	return rl.release(ctx, key, token, false, func(ctx context.Context, m Master) error { return m.Release(ctx, key, token) })
 }
 
 // GiveBack is Release for a token whose acquire did not answer in time,
 // through each master's GiveBack (Redis's), so that an acquire that runs
-// there later takes nothing.
+// there later takes nothing. It is done once a majority answered, released
+// or marked where the lock was not taken (ErrNotHeld then): an acquire that
+// runs late on the others takes a minority, which no Redlock acquire
+// counts, so the Client need not try the give-back again for a master that
+// stays down.
 func (rl *Redlock) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
-	return rl.release(ctx, key, token, func(ctx context.Context, m Master) error { return giveBackOn(ctx, m, key, token, ttl) })
+	return rl.release(ctx, key, token, true, func(ctx context.Context, m Master) error { return giveBackOn(ctx, m, key, token, ttl) })
 }
 
-// release is Release with del as each master's release.
-func (rl *Redlock) release(ctx context.Context, key, token string, del func(context.Context, Master) error) error {
+// release is Release with del as each master's release; majorityDone, a
+// give-back's: a majority that answered is enough.
+func (rl *Redlock) release(ctx context.Context, key, token string, majorityDone bool, del func(context.Context, Master) error) error {
 	rctx, cancel := withoutCancel(ctx)
 	var settled []chan struct{}
 	if at, ok := rl.attempts.Load(key + "\x00" + token); ok {
@@ -419,7 +424,8 @@ func (rl *Redlock) release(ctx context.Context, key, token string, del func(cont
 	if released >= rl.quorum {
 		return nil
 	}
-	if len(errs) > 0 {
+	// Short of a majority released, every call has returned.
+	if len(errs) > 0 && !(majorityDone && len(rl.nodes)-len(errs) >= rl.quorum) {
 		return fmt.Errorf("%w: released on %d of %d masters: %w", ErrUnavailable, released, len(rl.nodes), errors.Join(errs...))
 	}
 	return ErrNotHeld
