@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -367,16 +366,6 @@ func init() {
 	httpcaddyfile.RegisterHandlerDirective("test_provision_gate", func(httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		return gateHandler{}, nil
 	})
-}
-
-// loadCaddyfileErr loads cf and returns the error (the running config
-// stays when there is one).
-func loadCaddyfileErr(cf string) error {
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		return err
-	}
-	return caddy.Load(cfgJSON, true)
 }
 
 // Redlock: a master's own answer beside the majority's, a record removed

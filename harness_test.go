@@ -69,6 +69,46 @@ func startCaddySite(t testing.TB, body string, opt siteOptions) *caddySite {
 // port, in one config: nodes of one deployment, in one process.
 func startCaddySites(t testing.TB, opt siteOptions, bodies ...string) []*caddySite {
 	t.Helper()
+	storage := t.TempDir()
+	caddyMu.Lock()
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Logf("caddy.Stop: %v", err)
+		}
+		caddyMu.Unlock()
+	})
+	// A free port can be taken between the probe and Caddy's bind (as the
+	// source port of an outgoing connection): then again, on new ports.
+	var ports []int
+	var cf, adminURL string
+	for attempt := 1; ; attempt++ {
+		ports, cf, adminURL = siteConfig(t, opt, storage, bodies)
+		err := loadCaddyfileErr(cf)
+		if err == nil {
+			break
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("loading the test config: %v\n%s", err, cf)
+		}
+	}
+	out := make([]*caddySite, len(ports))
+	for i, port := range ports {
+		out[i] = &caddySite{
+			t:         t,
+			URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
+			AdminURL:  adminURL,
+			caddyfile: cf,
+			client:    &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		}
+		t.Cleanup(out[i].client.CloseIdleConnections)
+	}
+	return out
+}
+
+// siteConfig is the Caddyfile of startCaddySites on free ports: the sites'
+// ports, the Caddyfile and the admin API's URL (opt.admin).
+func siteConfig(t testing.TB, opt siteOptions, storage string, bodies []string) ([]int, string, string) {
+	t.Helper()
 	admin := "admin off"
 	adminURL := ""
 	if opt.admin {
@@ -82,7 +122,6 @@ func startCaddySites(t testing.TB, opt siteOptions, bodies ...string) []*caddySi
 		ports[i] = mustFreePort(t)
 		fmt.Fprintf(&sites, "\nhttp://127.0.0.1:%d {\n%s\n}\n", ports[i], body)
 	}
-	storage := t.TempDir()
 	cf := fmt.Sprintf(`{
 	%s
 	persist_config off
@@ -96,27 +135,7 @@ func startCaddySites(t testing.TB, opt siteOptions, bodies ...string) []*caddySi
 %s
 }
 %s`, admin, storage, opt.global, sites.String())
-
-	caddyMu.Lock()
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Logf("caddy.Stop: %v", err)
-		}
-		caddyMu.Unlock()
-	})
-	loadCaddyfile(t, cf)
-	out := make([]*caddySite, len(ports))
-	for i, port := range ports {
-		out[i] = &caddySite{
-			t:         t,
-			URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
-			AdminURL:  adminURL,
-			caddyfile: cf,
-			client:    &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-		}
-		t.Cleanup(out[i].client.CloseIdleConnections)
-	}
-	return out
+	return ports, cf, adminURL
 }
 
 // paySite is the body of a test site with one locked route, /pay* keyed by
@@ -234,6 +253,16 @@ func loadCaddyfile(t testing.TB, cf string) {
 	if err := caddy.Load(cfgJSON, true); err != nil {
 		t.Fatalf("loading the test config: %v\n%s", err, cf)
 	}
+}
+
+// loadCaddyfileErr loads cf and returns the error (the running config
+// stays when there is one).
+func loadCaddyfileErr(cf string) error {
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		return err
+	}
+	return caddy.Load(cfgJSON, true)
 }
 
 // reload loads the same Caddyfile again: a config reload as `caddy reload` does.
