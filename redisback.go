@@ -49,9 +49,6 @@ func waitOrBack(ch <-chan struct{}, d time.Duration) bool {
 
 // back wakes every wait on the current channel.
 func (b *redisBack) back() {
-	if b == nil {
-		return
-	}
 	b.mu.Lock()
 	close(b.ch)
 	b.ch = make(chan struct{})

@@ -371,9 +371,9 @@ func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.C
 // Background runs f on a context detached from ctx's cancellation, unless
 // MaxBackground calls (ReleaseAsync's included; give-backs have a bound of
 // their own) are already running: then f is dropped, as the lease ends
-// what it would have cleaned up. It reports whether f runs. For work a caller finishes after it has
-// answered, such as storing an outcome once Redis is back (package
-// record's users).
+// what it would have cleaned up. It reports whether f runs. For work a
+// caller finishes after it has answered, such as storing an outcome once
+// Redis is back (package record's users).
 func (c *Client) Background(ctx context.Context, f func(context.Context)) bool {
 	return c.inBackground(ctx, c.bg, f)
 }
