@@ -39,8 +39,17 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	// lease and its renewal), so that the client's retry gets it.
 	ctx := context.WithoutCancel(r.Context())
 	start := time.Now()
+	// Just after Redis's return, the answers other requests got while it
+	// was away are stored first.
+	backAt := h.client.back.lastBack()
+	if backAt != 0 && start.UnixNano() < backAt+int64(settleFor) {
+		settle(backAt)
+	}
 	h.client.hold()
 	pending, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
+	if err == nil && h.client.back.lastBack() != backAt {
+		pending, err = h.beginAgain(ctx, pending, rkey, fingerprint)
+	}
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
 		return h.serveRecorded(w, r, next, repl, pending)
@@ -60,6 +69,23 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	default:
 		return h.unavailableRedis(w, r, next, repl, rkey, err)
 	}
+}
+
+// beginAgain gives up pending, a request begun as Redis came back, and
+// begins it again once the answers given while Redis was away are stored
+// (settle). Its key may be free only because the lease of a holder that
+// could not store its answer ran out during the outage; that holder's
+// completion, woken by Redis's return too, is refused while another
+// request holds the key, and lands once this one lets go. Without this, a
+// retry that reached Redis a few milliseconds before that completion ran
+// the request again.
+func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string) (*record.Pending, error) {
+	at := h.client.back.lastBack()
+	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+		return nil, err
+	}
+	settle(at)
+	return h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
 }
 
 // serveRecorded runs a new request with its record in progress, and stores

@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -16,9 +17,12 @@ import (
 // that stores its answer. A server counts as back when a command succeeds
 // after a connection error, or when the pools' probe connects: rare
 // events, each of which closes the current channel.
+//
+// It also tells new requests to let the tries land first (settle).
 type redisBack struct {
 	mu sync.Mutex
 	ch chan struct{} // closed when a server is back
+	at atomic.Int64  // when a server last came back, Unix ns; 0: never
 }
 
 func newRedisBack() *redisBack { return &redisBack{ch: make(chan struct{})} }
@@ -49,10 +53,31 @@ func waitOrBack(ch <-chan struct{}, d time.Duration) bool {
 
 // back wakes every wait on the current channel.
 func (b *redisBack) back() {
+	b.at.Store(time.Now().UnixNano())
 	b.mu.Lock()
 	close(b.ch)
 	b.ch = make(chan struct{})
 	b.mu.Unlock()
+}
+
+// settleFor is how long after a server came back a new request under an
+// idempotency key waits before it may run: the answers that other requests
+// got while Redis was away are stored in that time (their tries are woken,
+// and 25ms apart), so that a retry finds its answer instead of running
+// again. Several tries' worth, as the nodes see Redis return at slightly
+// different moments.
+const settleFor = 8 * redialInterval
+
+// lastBack is when a server last came back (Unix ns, 0: never): a begin
+// compares it before and after itself to tell whether it saw Redis return.
+func (b *redisBack) lastBack() int64 { return b.at.Load() }
+
+// settle sleeps until settleFor has passed since the server's return at at
+// (from lastBack; 0: none).
+func settle(at int64) {
+	if at != 0 {
+		time.Sleep(time.Until(time.Unix(0, at).Add(settleFor)))
+	}
 }
 
 // serverHealth follows one server's command results: a success after a
@@ -65,10 +90,12 @@ type serverHealth struct {
 // report takes one command's or dial's result. Redis's own error replies
 // are answers, but for those of a server not ready to serve (loading its
 // data, running a long script, a cluster or replica not in order);
-// anything else is a failure to reach it.
+// a caller's cancellation tells nothing; anything else is a failure to
+// reach it. (A failure that was not one would make new requests settle.)
 func (s *serverHealth) report(err error) {
 	var reply redis.Error
 	switch {
+	case errors.Is(err, context.Canceled):
 	case err == nil || errors.As(err, &reply) && !notReady(err):
 		if s.failing.Load() && s.failing.Swap(false) {
 			s.b.back()

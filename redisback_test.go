@@ -1,7 +1,9 @@
 package redislock
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -77,8 +79,9 @@ func TestServerHealthTellsBack(t *testing.T) {
 	ch := b.next()
 	s.report(nil)
 	s.report(replyError("NOSCRIPT No matching script")) // Redis answered
+	s.report(fmt.Errorf("call: %w", context.Canceled))  // the caller gave up
 	s.report(nil)
-	if closed(ch) {
+	if closed(ch) || b.lastBack() != 0 {
 		t.Fatal("woken with no failure before")
 	}
 	s.report(errors.New("dial tcp: connection refused"))
@@ -90,9 +93,13 @@ func TestServerHealthTellsBack(t *testing.T) {
 	if closed(ch) {
 		t.Fatal("woken by a server still loading its data")
 	}
+	before := time.Now().UnixNano()
 	s.report(replyError("NOSCRIPT No matching script"))
 	if !closed(ch) {
 		t.Fatal("an answer after a failure woke nothing")
+	}
+	if at := b.lastBack(); at < before || at > time.Now().UnixNano() {
+		t.Fatalf("lastBack %d, want the moment of the answer (after %d)", at, before)
 	}
 	next := b.next()
 	s.report(nil)
@@ -113,3 +120,61 @@ type replyError string
 
 func (e replyError) Error() string { return string(e) }
 func (replyError) RedisError()     {}
+
+// A retry that reaches Redis first after an outage, on a node that saw the
+// outage, does not run the request again: the node lets the answers given
+// meanwhile land first (settle). Node A answers while Redis is down, and
+// its lease runs out; Redis comes back from its AOF, and A reaches it
+// 50ms later (a gate on A's way to Redis, opened then), while the retry
+// on node B reaches it at once. Without settling, B's begin found the key
+// free and ran the charge a second time.
+func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "yes")
+	gate := redistest.StartGate(t, srv.Addr)
+	be := chargeBackend(t)
+	opts := []siteOption{faultTimeouts, lockLines("ttl 1s"), idempotent()}
+	sites := startCaddySites(t, siteOptions{}, paySite(gate.Addr, be.hostPort(), opts...), paySite(srv.Addr, be.hostPort(), opts...))
+	a, b := sites[0], sites[1]
+	const name = "settle"
+
+	done := make(chan *response, 1)
+	go func() { done <- a.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name) }()
+	be.waitEntered(t, 5*time.Second)
+	srv.Stop()
+	first := <-done
+	if first.Status != http.StatusOK {
+		t.Fatalf("answered while Redis was down: %s", first)
+	}
+	// B sees the outage: its retry gets 503.
+	expectProblem(t, b.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name), http.StatusServiceUnavailable)
+	gate.Shut()
+	time.Sleep(1200 * time.Millisecond) // past A's lease
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	up := time.Now()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		if err := gate.Open(); err != nil {
+			t.Error(err)
+		}
+	}()
+	var again *response
+	for {
+		again = b.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name)
+		if again.Status != http.StatusServiceUnavailable || time.Since(up) > 5*time.Second {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(up)
+	t.Logf("the retry's answer %v after Redis's return: %d %s", took, again.Status, again.Header.Get(replayedHeader))
+	if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body || be.executions(name) != 1 {
+		t.Fatalf("retried on B as Redis came back: %s, %d runs; want A's answer replayed", again, be.executions(name))
+	}
+	// Settling, a reconnect and the round trips, on a busy machine.
+	if bound := settleFor + 2*redisTimeout + slack; took > bound {
+		t.Errorf("the replay came %v after Redis's return, want at most %v", took, bound)
+	}
+}
