@@ -32,20 +32,31 @@ type violation struct {
 	Detail string
 }
 
-// windows are the documented times in which a key may run again. There is
-// one: Redis restarted empty. An answer given while Redis was away is
-// stored before a retry can run once Redis is back (the nodes settle), so
-// no window follows an outage.
+// windows are the documented times in which a key may run again.
 type windows struct {
-	ttl   time.Duration
-	empty []faultEvent // Redis restarted empty: locks and records lost
+	ttl time.Duration
+	// tryInterval is how long after Redis answers again an answer given
+	// while it was away may still be unstored: one completion try (at most
+	// twice the command timeout against a hung Redis) and the 25ms between
+	// tries, which Redis's return cuts short ("a retry ... within a try's
+	// interval of Redis's return"), and 100ms of scheduling on a loaded
+	// machine.
+	tryInterval time.Duration
+	empty       []faultEvent // Redis restarted empty: locks and records lost
+	outages     []faultEvent // Redis paused or down, then back with its data
 }
 
-func newWindows(faults []faultEvent, ttl time.Duration) windows {
-	w := windows{ttl: ttl}
+func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
+	w := windows{ttl: ttl, tryInterval: 2*timeout + 25*time.Millisecond + 100*time.Millisecond}
 	for _, f := range faults {
-		if f.Kind == redisRestartEmpty && !f.Return.IsZero() {
+		if f.Return.IsZero() {
+			continue
+		}
+		switch f.Kind {
+		case redisRestartEmpty:
 			w.empty = append(w.empty, f)
+		case redisPause, redisKillAOF:
+			w.outages = append(w.outages, f)
 		}
 	}
 	return w
@@ -55,6 +66,9 @@ func newWindows(faults []faultEvent, ttl time.Duration) windows {
 // dropped were held for at most a lease more by holders that do not know,
 // and a second for their answers to be stored.
 func (w windows) emptyEnd(f faultEvent) time.Time { return f.Return.Add(w.ttl + time.Second) }
+
+// whyTryInterval is the excuse of a re-run just after Redis came back.
+const whyTryInterval = "re-runs within a try's interval of Redis's return"
 
 // rerunExcused says whether an execution starting at start, after an
 // answer delivered at delivered, falls in a documented window.
@@ -67,7 +81,23 @@ func (w windows) rerunExcused(delivered, start time.Time) string {
 	if w.emptyCovers(start) {
 		return "re-runs after an empty restart"
 	}
+	for _, f := range w.outages {
+		if !delivered.Before(f.Start) && !delivered.After(f.Return) && w.afterReturn(f, start) {
+			return whyTryInterval
+		}
+	}
 	return ""
+}
+
+// afterReturn says whether t is within a try's interval of Redis's return
+// from outage f: from when it could answer again to a try's interval after
+// it did.
+func (w windows) afterReturn(f faultEvent, t time.Time) bool {
+	back := f.Back
+	if back.IsZero() {
+		back = f.Return
+	}
+	return !t.Before(back) && t.Before(f.Return.Add(w.tryInterval))
 }
 
 // emptyCovers says whether t is in an empty restart's window.
@@ -148,9 +178,11 @@ type runRecord struct {
 // its answer: a lease, and a few seconds for Redis timeouts and the backend.
 func attemptBound(ttl time.Duration) time.Duration { return ttl + 3*time.Second }
 
-// excusals count what the documented windows excused, by window.
+// excusals are what the documented windows excused: counts by window, and
+// each re-run excused by Redis's return, so that a reader can judge it.
 type excusals struct {
-	Counts map[string]int
+	Counts  map[string]int
+	Details []string
 }
 
 // check runs every check on rec. It returns the violations, and what a
@@ -161,7 +193,7 @@ func check(rec runRecord) ([]violation, excusals) {
 	add := func(check, key, format string, args ...any) {
 		vs = append(vs, violation{Check: check, Key: key, Detail: fmt.Sprintf(format, args...)})
 	}
-	w := newWindows(rec.Faults, rec.TTL)
+	w := newWindows(rec.Faults, rec.TTL, rec.Timeout)
 	t0 := time.Time{}
 	if len(rec.Execs) > 0 {
 		t0 = rec.Execs[0].Start
@@ -290,6 +322,14 @@ func check(rec runRecord) ([]violation, excusals) {
 			}
 			if why != "" {
 				excused.Counts[why]++
+				if why == whyTryInterval {
+					for _, f := range w.outages {
+						if w.afterReturn(f, b.Start) {
+							excused.Details = append(excused.Details, fmt.Sprintf("%s of key %s (node %d) began %v after Redis's return from %s at %s",
+								b.ID, k, b.Node, b.Start.Sub(f.Return).Round(time.Millisecond), f.Kind, at(f.Return)))
+						}
+					}
+				}
 			}
 		}
 	}

@@ -350,6 +350,9 @@ func writeSummary(w io.Writer, o *outcome) {
 		ex = []string{"nothing"}
 	}
 	fmt.Fprintf(w, "  windows:    excused %s\n", strings.Join(ex, ", "))
+	for _, d := range o.Excused.Details {
+		fmt.Fprintf(w, "    %s\n", d)
+	}
 	byCheck := map[string]int{}
 	for _, v := range o.Violations {
 		byCheck[v.Check]++
