@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -39,16 +40,14 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	// lease and its renewal), so that the client's retry gets it.
 	ctx := context.WithoutCancel(r.Context())
 	start := time.Now()
+	h.client.hold()
 	// Just after Redis's return, the answers other requests got while it
 	// was away are stored first.
 	backAt := h.client.back.lastBack()
-	if backAt != 0 && start.UnixNano() < backAt+int64(settleFor) {
-		settle(backAt)
-	}
-	h.client.hold()
+	settle(backAt)
 	pending, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
 	if err == nil && h.client.back.lastBack() != backAt {
-		pending, err = h.beginAgain(ctx, pending, rkey, fingerprint)
+		pending, err = h.beginAgain(ctx, pending, rkey, fingerprint, start)
 	}
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
@@ -66,6 +65,11 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	case errors.As(err, &notObtained):
 		metrics.wait.Observe(time.Since(start).Seconds())
 		return h.reject(w, repl, resultConflict, problemInProgress.withRetryAfter(h.holds.retryAfter(notObtained.Remaining)))
+	case errors.Is(err, errNotGivenBack):
+		// Not fail_open: the key is still held, for a request that
+		// may run nowhere else meanwhile.
+		h.unavailable.warn(h.logger, "redis unavailable: answering 503", zap.String("key", rkey), zap.Error(err))
+		return h.reject(w, repl, resultUnavailable, problemUnavailable)
 	default:
 		return h.unavailableRedis(w, r, next, repl, rkey, err)
 	}
@@ -79,14 +83,24 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 // request holds the key, and lands once this one lets go. Without this, a
 // retry that reached Redis a few milliseconds before that completion ran
 // the request again.
-func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string) (*record.Pending, error) {
+//
+// A key that could not be given back is answered 503 (errNotGivenBack):
+// it stays held for its lease. The second begin waits only for what is
+// left of the `wait`.
+func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.client.back.lastBack()
 	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	settle(at)
-	return h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
+	opt := h.lockOptions()
+	opt.Wait = max(opt.Wait-time.Since(start), 0)
+	return h.store.Begin(ctx, rkey, fingerprint, opt)
 }
+
+// errNotGivenBack is a key begun as Redis came back that could not be
+// given back for the second begin.
+var errNotGivenBack = errors.New("redis_lock: a key begun as Redis came back could not be given back")
 
 // serveRecorded runs a new request with its record in progress, and stores
 // its outcome (or gives the record up) before the response completes.

@@ -22,8 +22,15 @@ import (
 type redisBack struct {
 	mu sync.Mutex
 	ch chan struct{} // closed when a server is back
-	at atomic.Int64  // when a server last came back, Unix ns; 0: never
+	at atomic.Int64  // when a server last came back, as sinceStart; 0: never
 }
+
+// start is what redisBack's times count from, on the monotonic clock: a
+// wall clock set back would make settling sleep as long.
+var start = time.Now()
+
+// sinceStart is the time since start, never 0.
+func sinceStart() int64 { return int64(time.Since(start)) + 1 }
 
 func newRedisBack() *redisBack { return &redisBack{ch: make(chan struct{})} }
 
@@ -53,7 +60,6 @@ func waitOrBack(ch <-chan struct{}, d time.Duration) bool {
 
 // back wakes every wait on the current channel.
 func (b *redisBack) back() {
-	b.at.Store(time.Now().UnixNano())
 	b.mu.Lock()
 	close(b.ch)
 	b.ch = make(chan struct{})
@@ -68,15 +74,23 @@ func (b *redisBack) back() {
 // different moments.
 const settleFor = 8 * redialInterval
 
-// lastBack is when a server last came back (Unix ns, 0: never): a begin
+// lastBack is when a server last came back (sinceStart, 0: never): a begin
 // compares it before and after itself to tell whether it saw Redis return.
 func (b *redisBack) lastBack() int64 { return b.at.Load() }
 
-// settle sleeps until settleFor has passed since the server's return at at
-// (from lastBack; 0: none).
+// settling is how much of settleFor is left since the return at at (from
+// lastBack; 0: none).
+func settling(at int64) time.Duration {
+	if at == 0 {
+		return 0
+	}
+	return min(settleFor, settleFor-time.Duration(sinceStart()-at))
+}
+
+// settle sleeps until settleFor has passed since the return at at.
 func settle(at int64) {
-	if at != 0 {
-		time.Sleep(time.Until(time.Unix(0, at).Add(settleFor)))
+	if d := settling(at); d > 0 {
+		time.Sleep(d)
 	}
 }
 
@@ -90,15 +104,20 @@ type serverHealth struct {
 // report takes one command's or dial's result. Redis's own error replies
 // are answers, but for those of a server not ready to serve (loading its
 // data, running a long script, a cluster or replica not in order);
-// a caller's cancellation tells nothing; anything else is a failure to
-// reach it. (A failure that was not one would make new requests settle.)
+// a caller's cancellation and a full local pool tell nothing; anything
+// else is a failure to reach it. (A failure that was not one would make new requests settle.)
 func (s *serverHealth) report(err error) {
 	var reply redis.Error
 	switch {
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled), errors.Is(err, redis.ErrPoolTimeout):
 	case err == nil || errors.As(err, &reply) && !notReady(err):
-		if s.failing.Load() && s.failing.Swap(false) {
-			s.b.back()
+		if s.failing.Load() {
+			// The time first: a command that succeeds beside this one,
+			// once failing is cleared, must find it moved.
+			s.b.at.Store(sinceStart())
+			if s.failing.Swap(false) {
+				s.b.back()
+			}
 		}
 	case !s.failing.Load():
 		s.failing.Store(true)

@@ -93,12 +93,12 @@ func TestServerHealthTellsBack(t *testing.T) {
 	if closed(ch) {
 		t.Fatal("woken by a server still loading its data")
 	}
-	before := time.Now().UnixNano()
+	before := sinceStart()
 	s.report(replyError("NOSCRIPT No matching script"))
 	if !closed(ch) {
 		t.Fatal("an answer after a failure woke nothing")
 	}
-	if at := b.lastBack(); at < before || at > time.Now().UnixNano() {
+	if at := b.lastBack(); at < before || at > sinceStart() {
 		t.Fatalf("lastBack %d, want the moment of the answer (after %d)", at, before)
 	}
 	next := b.next()
@@ -125,7 +125,7 @@ func (replyError) RedisError()     {}
 // outage, does not run the request again: the node lets the answers given
 // meanwhile land first (settle). Node A answers while Redis is down, and
 // its lease runs out; Redis comes back from its AOF, and A reaches it
-// 50ms later (a gate on A's way to Redis, opened then), while the retry
+// 25ms later (a gate on A's way to Redis, opened then), while the retry
 // on node B reaches it at once. Without settling, B's begin found the key
 // free and ran the charge a second time.
 func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
@@ -155,7 +155,7 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 	}
 	up := time.Now()
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond)
 		if err := gate.Open(); err != nil {
 			t.Error(err)
 		}
@@ -176,5 +176,22 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 	// Settling, a reconnect and the round trips, on a busy machine.
 	if bound := settleFor + 2*redisTimeout + slack; took > bound {
 		t.Errorf("the replay came %v after Redis's return, want at most %v", took, bound)
+	}
+}
+
+// Settling counts on the monotonic clock from a return, and never waits
+// longer than settleFor.
+func TestSettling(t *testing.T) {
+	if d := settling(0); d != 0 {
+		t.Fatalf("no return: settling %v, want 0", d)
+	}
+	if d := settling(sinceStart()); d <= settleFor-50*time.Millisecond || d > settleFor {
+		t.Fatalf("just back: settling %v, want about %v", d, settleFor)
+	}
+	if d := settling(sinceStart() - int64(settleFor)); d > 0 {
+		t.Fatalf("back settleFor ago: settling %v, want none", d)
+	}
+	if d := settling(sinceStart() + int64(time.Hour)); d != settleFor {
+		t.Fatalf("a return after now: settling %v, want at most %v", d, settleFor)
 	}
 }
