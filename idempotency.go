@@ -44,7 +44,9 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	// Just after Redis's return, the answers other requests got while it
 	// was away are stored first.
 	backAt := h.client.back.lastBack()
-	settle(backAt)
+	if settle(backAt) {
+		metrics.settled.inc(settleWaited)
+	}
 	pending, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
 	if err == nil && h.client.back.lastBack() != backAt {
 		pending, err = h.beginAgain(ctx, pending, rkey, fingerprint, start)
@@ -92,6 +94,7 @@ func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey,
 	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
+	metrics.settled.inc(settleBegunAgain)
 	settle(at)
 	opt := h.lockOptions()
 	opt.Wait = max(opt.Wait-time.Since(start), 0)

@@ -23,6 +23,7 @@ var metrics = struct {
 	stored   prometheus.Histogram
 	unacked  labelled
 	unknown  prometheus.Counter
+	settled  labelled
 }{}
 
 // labelled is a counter with a result label whose counters for the known
@@ -98,7 +99,17 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "replication_misses_total",
 		Help: "Writes that fewer replicas than `replicas` acknowledged in time, by write (lock: answered 503; renewal: the lease not extended; answer: sent, and written again in the background).",
 	}, "write", writeLock, writeRenewal, writeAnswer)
+	metrics.settled = newLabelledBy(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "settled_total",
+		Help: "Idempotent requests that waited after Redis came back, so that the answers given while it was away are stored first, by step (waited: before the begin; begun_again: begun as Redis came back, given back and begun again).",
+	}, "step", settleWaited, settleBegunAgain)
 }
+
+// The steps that settled_total counts.
+const (
+	settleWaited     = "waited"
+	settleBegunAgain = "begun_again"
+)
 
 // The writes that replication_misses_total counts.
 const (
@@ -115,7 +126,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec, metrics.unknown,
+		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec, metrics.unknown, metrics.settled.CounterVec,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {

@@ -87,11 +87,14 @@ func settling(at int64) time.Duration {
 	return min(settleFor, settleFor-time.Duration(sinceStart()-at))
 }
 
-// settle sleeps until settleFor has passed since the return at at.
-func settle(at int64) {
-	if d := settling(at); d > 0 {
+// settle sleeps until settleFor has passed since the return at at; it
+// reports whether it slept.
+func settle(at int64) bool {
+	d := settling(at)
+	if d > 0 {
 		time.Sleep(d)
 	}
+	return d > 0
 }
 
 // serverHealth follows one server's command results: a success after a

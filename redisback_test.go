@@ -160,6 +160,7 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	begunAgain := counterValue(t, metrics.settled.by[settleBegunAgain])
 	var again *response
 	for {
 		again = b.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name)
@@ -172,6 +173,9 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 	t.Logf("the retry's answer %v after Redis's return: %d %s", took, again.Status, again.Header.Get(replayedHeader))
 	if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body || be.executions(name) != 1 {
 		t.Fatalf("retried on B as Redis came back: %s, %d runs; want A's answer replayed", again, be.executions(name))
+	}
+	if n := counterValue(t, metrics.settled.by[settleBegunAgain]); n <= begunAgain {
+		t.Errorf("settled_total{step=begun_again} %v -> %v, want counted", begunAgain, n)
 	}
 	// Settling, a reconnect and the round trips, on a busy machine.
 	if bound := settleFor + 2*redisTimeout + slack; took > bound {
