@@ -31,14 +31,7 @@ func TestAnswerStoredAsRedisComesBack(t *testing.T) {
 	var took []time.Duration
 	for i := range 5 {
 		name := "back-" + string(rune('a'+i))
-		done := make(chan *response, 1)
-		go func() { done <- s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name) }()
-		be.waitEntered(t, 5*time.Second)
-		srv.Stop()
-		first := <-done
-		if first.Status != http.StatusOK {
-			t.Fatalf("%s, answered while Redis was down: %s", name, first)
-		}
+		first := answeredWhileRedisStops(t, s, be, srv, name)
 		time.Sleep(700 * time.Millisecond) // the pool gives up dialling: its probe takes over
 		if err := srv.Restart(); err != nil {
 			t.Fatal(err)
@@ -61,6 +54,22 @@ func TestAnswerStoredAsRedisComesBack(t *testing.T) {
 	if median := took[len(took)/2]; median > 75*time.Millisecond {
 		t.Fatalf("median %v from Redis's return to the answer stored, want at most 75ms (tries woken when Redis is back)", median)
 	}
+}
+
+// answeredWhileRedisStops sends name's slow charge to s and stops srv while
+// the backend runs it: the answer, which must be 200, is given while Redis
+// is down.
+func answeredWhileRedisStops(t *testing.T, s *caddySite, be *recorder, srv *redistest.Server, name string) *response {
+	t.Helper()
+	done := make(chan *response, 1)
+	go func() { done <- s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name) }()
+	be.waitEntered(t, 5*time.Second)
+	srv.Stop()
+	first := <-done
+	if first.Status != http.StatusOK {
+		t.Fatalf("%s, answered while Redis was down: %s", name, first)
+	}
+	return first
 }
 
 // A server is back when a command succeeds after a failure to reach it;
@@ -138,14 +147,7 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 	a, b := sites[0], sites[1]
 	const name = "settle"
 
-	done := make(chan *response, 1)
-	go func() { done <- a.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name) }()
-	be.waitEntered(t, 5*time.Second)
-	srv.Stop()
-	first := <-done
-	if first.Status != http.StatusOK {
-		t.Fatalf("answered while Redis was down: %s", first)
-	}
+	first := answeredWhileRedisStops(t, a, be, srv, name)
 	// B sees the outage: its retry gets 503.
 	expectProblem(t, b.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name), http.StatusServiceUnavailable)
 	gate.Shut()
