@@ -89,6 +89,7 @@ func TestServerHealthTellsBack(t *testing.T) {
 	s.report(nil)
 	s.report(replyError("NOSCRIPT No matching script")) // Redis answered
 	s.report(fmt.Errorf("call: %w", context.Canceled))  // the caller gave up
+	s.report(redis.ErrPoolTimeout)                      // a full local pool
 	s.report(nil)
 	if closed(ch) || b.lastBack() != 0 {
 		t.Fatal("woken with no failure before")
