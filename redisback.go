@@ -58,8 +58,18 @@ func waitOrBack(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// back wakes every wait on the current channel.
+// back records the return (settling counts from it) and wakes every wait
+// on the current channel.
 func (b *redisBack) back() {
+	b.markBack()
+	b.wake()
+}
+
+// markBack records a server's return now.
+func (b *redisBack) markBack() { b.at.Store(sinceStart()) }
+
+// wake wakes every wait on the current channel.
+func (b *redisBack) wake() {
 	b.mu.Lock()
 	close(b.ch)
 	b.ch = make(chan struct{})
@@ -108,7 +118,8 @@ type serverHealth struct {
 // are answers, but for those of a server not ready to serve (loading its
 // data, running a long script, a cluster or replica not in order);
 // a caller's cancellation and a full local pool tell nothing; anything
-// else is a failure to reach it. (A failure that was not one would make new requests settle.)
+// else is a failure to reach it (a failure that was not one would make new
+// requests settle).
 func (s *serverHealth) report(err error) {
 	var reply redis.Error
 	switch {
@@ -117,9 +128,9 @@ func (s *serverHealth) report(err error) {
 		if s.failing.Load() {
 			// The time first: a command that succeeds beside this one,
 			// once failing is cleared, must find it moved.
-			s.b.at.Store(sinceStart())
+			s.b.markBack()
 			if s.failing.Swap(false) {
-				s.b.back()
+				s.b.wake()
 			}
 		}
 	case !s.failing.Load():

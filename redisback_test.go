@@ -195,8 +195,14 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 }
 
 // Settling counts on the monotonic clock from a return, and never waits
-// longer than settleFor.
+// longer than settleFor. A return the pools' probe tells (back) counts as
+// one that a command's success tells.
 func TestSettling(t *testing.T) {
+	b := newRedisBack()
+	b.back()
+	if d := settling(b.lastBack()); d <= 0 {
+		t.Fatalf("just after the probe's back: settling %v, want about %v", d, settleFor)
+	}
 	if d := settling(0); d != 0 {
 		t.Fatalf("no return: settling %v, want 0", d)
 	}
