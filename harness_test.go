@@ -515,7 +515,7 @@ func checkBaseline(t *testing.T, s *caddySite, base int) {
 }
 
 // unitHandler provisions a handler against the redis-server at addr.
-func unitHandler(t *testing.T, addr string, modify func(*Handler)) *Handler {
+func unitHandler(t testing.TB, addr string, modify func(*Handler)) *Handler {
 	t.Helper()
 	h := &Handler{Key: "{http.request.header.Idempotency-Key}", Redis: &RedisConfig{Addresses: []string{addr}}}
 	if modify != nil {

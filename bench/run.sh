@@ -129,3 +129,26 @@ echo
 echo "Waiter's answer after the holder's, 200 waits through Caddy (BenchmarkWakeAfterRelease):"
 (cd .. && go test -count=1 -run '^$' -bench '^BenchmarkWakeAfterRelease$' -benchtime=200x . 2>/dev/null) |
 	sed -n 's/^BenchmarkWakeAfterRelease\/\([a-z]*\)-[0-9]* *[0-9]* *[0-9]* ns\/op */  \1: /p'
+
+# The handler's own cost per request, without Caddy's server, an upstream or
+# a network client (BenchmarkHandler): CPU time and allocations move far less
+# than req/s through Caddy.
+echo
+echo "The handler alone, per request (BenchmarkHandler, ${BENCH_COUNT:-6} rounds; none is the harness without the handler):"
+(cd .. && go test -count="${BENCH_COUNT:-6}" -run '^$' -bench '^BenchmarkHandler$' -benchtime="${BENCH_TIME:-1s}" . 2>/dev/null) |
+	awk '
+	# Caddy logs the handler provisioning on stdout between a benchmark name
+	# and its figures: take the name from its line, the figures from the
+	# next line that has them.
+	$1 ~ /^BenchmarkHandler\// { split($1, a, "[/-]"); cur = a[2]; if (!(cur in order)) { order[cur] = ++n; name[n] = cur } }
+	/ns\/op/ && cur != "" {
+		for (i = 1; i < NF; i++) if ($(i + 1) ~ /\/op$/) v[cur, $(i + 1)] = v[cur, $(i + 1)] " " $i
+		cur = ""
+	}
+	function med(s,   x, k, i, j, t) { k = split(s, x, " "); for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (x[j] + 0 < x[i] + 0) { t = x[i]; x[i] = x[j]; x[j] = t }
+		return (k % 2) ? x[(k + 1) / 2] : (x[k / 2] + x[k / 2 + 1]) / 2 }
+	END {
+		printf "  %-12s %10s %12s %16s %8s %10s\n", "mode", "ns/op", "cpu-ns/op", "redis-cpu-ns/op", "B/op", "allocs/op"
+		for (o = 1; o <= n; o++) { m = name[o]
+			printf "  %-12s %10.0f %12.0f %16.0f %8.0f %10.0f\n", m, med(v[m, "ns/op"]), med(v[m, "cpu-ns/op"]), med(v[m, "redis-cpu-ns/op"]), med(v[m, "B/op"]), med(v[m, "allocs/op"]) }
+	}'

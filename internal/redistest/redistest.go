@@ -231,6 +231,15 @@ func (s *Server) signal(sig syscall.Signal) error {
 	return s.cmd.Process.Signal(sig)
 }
 
+// PID is the server's process id, 0 when it is not running: benchmarks read
+// its CPU time from /proc.
+func (s *Server) PID() int {
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Running reports whether the process is up (started and not stopped); a
 // paused server counts as running.
 func (s *Server) Running() bool { return s.cmd != nil }
