@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Load test: requests per second through Caddy to the same fast upstream (a
-# small JSON answer), in four modes, with the same method for each:
+# small JSON answer), in five modes, with the same method for each:
 #
 #   plain   reverse_proxy
+#   floor   the floor of any Redis lock in front of reverse_proxy: SET NX PX
+#           before it and a compare-and-delete script after it, through the
+#           same go-redis autopipeliner, and nothing else (internal/floor),
+#           a distinct Idempotency-Key per request
 #   locked  redis_lock + reverse_proxy, a distinct Idempotency-Key per request
 #   idem    redis_lock in idempotency mode + reverse_proxy, a distinct key per
 #           request: every answer is stored
@@ -10,9 +14,11 @@
 #           is already stored (LOADTEST_REPLAY_KEYS keys are stored first;
 #           wrk then cycles through them): every answer comes from Redis
 #
-# One Caddy serves the three sites. A round runs the four modes back to back,
-# in alternating order; the verdicts are medians of per-round ratios: locked
-# against plain, idem against locked, replay against plain. Everything
+# One Caddy (cmd/loadcaddy: the plugin and the floor handler) serves the four
+# sites. A round runs the five modes back to back, in alternating order; the
+# verdicts are medians of per-round ratios: locked against plain, idem
+# against locked, replay against plain. Floor against plain, and locked
+# against floor, tell how much of locked's cost any lock would have. Everything
 # listens on 127.0.0.1 and is stopped on exit.
 #
 #   LOADTEST_ROUNDS         rounds, each one run of every mode (default 5)
@@ -20,7 +26,8 @@
 #   LOADTEST_WARMUP         warm-up per mode before the runs (default 3s)
 #   LOADTEST_CONNECTIONS    wrk connections (default 64)
 #   LOADTEST_THREADS        wrk threads (default: number of CPUs)
-#   LOADTEST_CADDY          a prebuilt Caddy with the plugin (default: go build ./cmd/caddy)
+#   LOADTEST_CADDY          a prebuilt Caddy with the plugin and the floor handler
+#                           (default: go build ./cmd/loadcaddy)
 #   LOADTEST_CADDYFILE      Caddyfile (default scripts/loadtest/Caddyfile)
 #   LOADTEST_BODY_SIZE      bytes of the upstream's JSON answer (default 100;
 #                           it is never smaller than 108)
@@ -39,10 +46,10 @@
 #                           rounds (default 3)
 #
 # After the throughput rounds, bench/latency runs an open-loop load at each
-# constant rate against the plain, locked and idem sites (vegeta), and
+# constant rate against the plain, floor, locked and idem sites (vegeta), and
 # prints p50, p90 and p99 with their ratios to plain in the same round.
 #
-# Exits non-zero when a locked, idem or replay run answered anything but 2xx
+# Exits non-zero when a floor, locked, idem or replay run answered anything but 2xx
 # or had socket errors (with a distinct key per request nothing may
 # conflict), when a replay run ran a request instead of replaying it, and
 # when a lock key is left in Redis.
@@ -102,7 +109,7 @@ echo "building caddy and the upstream"
 caddy=${LOADTEST_CADDY:-}
 if [ -z "$caddy" ]; then
 	caddy=$work/caddy
-	go build -o "$caddy" ./cmd/caddy
+	go build -o "$caddy" ./cmd/loadcaddy
 fi
 go build -o "$work/upstream" ./cmd/loadupstream
 
@@ -126,14 +133,16 @@ upstream=$(head -n1 "$work/upstream.out")
 plain_port=$(free_port)
 locked_port=$(free_port)
 idem_port=$(free_port)
+floor_port=$(free_port)
 while [ "$locked_port" = "$plain_port" ]; do locked_port=$(free_port); done
 while [ "$idem_port" = "$plain_port" ] || [ "$idem_port" = "$locked_port" ]; do idem_port=$(free_port); done
-LT_PLAIN_PORT=$plain_port LT_LOCKED_PORT=$locked_port LT_IDEM_PORT=$idem_port \
+while [[ " $plain_port $locked_port $idem_port " == *" $floor_port "* ]]; do floor_port=$(free_port); done
+LT_PLAIN_PORT=$plain_port LT_LOCKED_PORT=$locked_port LT_IDEM_PORT=$idem_port LT_FLOOR_PORT=$floor_port \
 	LT_UPSTREAM=$upstream LT_REDIS=127.0.0.1:$redis_port \
 	"$caddy" run --adapter caddyfile --config "$caddyfile" >"$work/caddy.log" 2>&1 &
 caddy_pid=$!
 pids+=($!)
-for port in "$plain_port" "$locked_port" "$idem_port"; do
+for port in "$plain_port" "$locked_port" "$idem_port" "$floor_port"; do
 	if ! wait_port "$port" caddy; then
 		cat "$work/caddy.log" >&2
 		exit 1
@@ -142,6 +151,7 @@ done
 
 declare -A url=(
 	[plain]=http://127.0.0.1:$plain_port/
+	[floor]=http://127.0.0.1:$floor_port/
 	[locked]=http://127.0.0.1:$locked_port/
 	[idem]=http://127.0.0.1:$idem_port/
 	[replay]=http://127.0.0.1:$idem_port/
@@ -171,7 +181,7 @@ content_length() {
 }
 answer_bytes=$(content_length "$upstream")
 # One request each, so a broken setup fails here and not after a minute.
-for port in "$plain_port" "$locked_port" "$idem_port"; do
+for port in "$plain_port" "$locked_port" "$idem_port" "$floor_port"; do
 	code=$(probe "$port")
 	if [ "$code" != 200 ]; then
 		echo "probe of 127.0.0.1:$port answered '${code}'" >&2
@@ -182,7 +192,7 @@ done
 
 echo "caddy $("$caddy" version | awk '{print $1}'), redis $(redis-server --version | awk '{print $3}'), wrk $(wrk --version 2>&1 | head -n1 | awk '{print $2}'), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "wrk -t$threads -c$conns -d$duration; the upstream answers ${answer_bytes} bytes of JSON"
-echo "$rounds rounds of a plain, a locked, an idem (distinct keys) and a replay ($replay_keys stored keys) run, order alternating"
+echo "$rounds rounds of a plain, a floor, a locked, an idem (distinct keys) and a replay ($replay_keys stored keys) run, order alternating"
 
 # cpu_ticks PID: user+system CPU time of a process, in clock ticks.
 cpu_ticks() { awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$1/stat" 2>/dev/null || echo 0; }
@@ -246,7 +256,7 @@ run() {
 	fi
 }
 
-for kind in plain locked idem; do
+for kind in plain floor locked idem; do
 	run "$kind" "$warmup"
 done
 
@@ -278,15 +288,17 @@ record_bytes=$(rcli strlen "$record_key")
 record_usage=$(rcli memory usage "$record_key")
 bad=0 # warm-up errors (first connections) do not count
 
-modes=(plain locked idem replay)
+modes=(plain floor locked idem replay)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
 declare -A rps_of cpu_caddy_of cpu_redis_of cpu_upstream_of cpu_total_of round_rps round_caddy round_redis round_upstream
 ratios_lp=()
 ratios_il=()
 ratios_rp=()
+ratios_fp=()
+ratios_lf=()
 : >"$work/all.stats"
 # Each round runs every mode back to back, in alternating order (replay
-# plain locked idem, then idem locked plain replay, ...), so that each pair
+# plain floor locked idem, then idem locked floor plain replay, ...), so that each pair
 # compared runs side by side and a machine that speeds up or slows down
 # during the test weighs on every mode alike. The verdicts are medians of the
 # per-round ratios: each run against its neighbour of the same round.
@@ -295,7 +307,7 @@ tries=0
 while ((i < rounds)); do
 	i=$((i + 1))
 	tries=$((tries + 1))
-	if ((i % 2)); then order="replay plain locked idem"; else order="idem locked plain replay"; fi
+	if ((i % 2)); then order="replay plain floor locked idem"; else order="idem locked floor plain replay"; fi
 	stolen=0
 	: >"$work/round.stats"
 	for kind in $order; do
@@ -326,6 +338,8 @@ while ((i < rounds)); do
 	ratios_lp+=("$(ratio "${round_rps[locked]}" "${round_rps[plain]}")")
 	ratios_il+=("$(ratio "${round_rps[idem]}" "${round_rps[locked]}")")
 	ratios_rp+=("$(ratio "${round_rps[replay]}" "${round_rps[plain]}")")
+	ratios_fp+=("$(ratio "${round_rps[floor]}" "${round_rps[plain]}")")
+	ratios_lf+=("$(ratio "${round_rps[locked]}" "${round_rps[floor]}")")
 done
 
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
@@ -333,6 +347,8 @@ verdict() { awk -v r="$1" -v t="$2" 'BEGIN {print (r >= t) ? "meets" : "below"}'
 r_lp=$(median "${ratios_lp[@]}")
 r_il=$(median "${ratios_il[@]}")
 r_rp=$(median "${ratios_rp[@]}")
+r_fp=$(median "${ratios_fp[@]}")
+r_lf=$(median "${ratios_lf[@]}")
 v_lp=$(verdict "$r_lp" "$target")
 v_il=$(verdict "$r_il" "$idem_target")
 v_rp=$(verdict "$r_rp" "$replay_target")
@@ -341,7 +357,7 @@ v_rp=$(verdict "$r_rp" "$replay_target")
 # ({<4 hex>}fence) nor the records (...:result). A running idempotent
 # request's fingerprint lives in its lock, so this counts those too.
 lockglob="redis_lock:{????}$(printf '?%.0s' $(seq 64))"
-keys=$(rcli --scan --pattern "$lockglob" | wc -l)
+keys=$(($(rcli --scan --pattern "$lockglob" | wc -l) + $(rcli --scan --pattern 'redis_lock_floor:*' | wc -l)))
 
 echo
 echo "== summary: medians of $i counted rounds ($tries run), wrk -t$threads -c$conns -d$duration, ${answer_bytes}-byte JSON answers"
@@ -355,17 +371,21 @@ done
 echo "ratios per round, locked/plain:  ${ratios_lp[*]}"
 echo "ratios per round, idem/locked:   ${ratios_il[*]}"
 echo "ratios per round, replay/plain:  ${ratios_rp[*]}"
+echo "ratios per round, floor/plain:   ${ratios_fp[*]}"
+echo "ratios per round, locked/floor:  ${ratios_lf[*]}"
 printf 'ratio locked/plain   %s  (%s the target %s)\n' "$r_lp" "$v_lp" "$target"
 printf 'ratio idem/locked    %s  (%s the target %s)\n' "$r_il" "$v_il" "$idem_target"
 printf 'ratio replay/plain   %s  (%s the target %s)\n' "$r_rp" "$v_rp" "$replay_target"
+printf 'ratio floor/plain    %s  (the floor: a bare lock, two round trips and nothing else)\n' "$r_fp"
+printf 'ratio locked/floor   %s  (what redis_lock costs beyond the floor)\n' "$r_lf"
 echo "Redis INFO commandstats per request, counted rounds (calls/req x µs/call; a"
 echo "script's µs include the commands it runs, which are listed on their own too):"
 awk '
 	$1 == "R" {n[$2] += $3}
 	$1 == "C" {calls[$2, $3] += $4; usec[$2, $3] += $5; if (!seen[$2, $3]++) cmds[$2] = cmds[$2] " " $3}
 	END {
-		split("locked idem replay", order, " ")
-		for (o = 1; o <= 3; o++) {
+		split("floor locked idem replay", order, " ")
+		for (o = 1; o <= 4; o++) {
 			k = order[o]
 			if (!n[k]) continue
 			m = split(cmds[k], c, " ")
@@ -386,12 +406,12 @@ latency_rates=${LOADTEST_LATENCY_RATES-100,500}
 if [ -n "$latency_rates" ]; then
 	echo
 	echo "== latency at a constant rate (open loop, a new Idempotency-Key per request)"
-	(cd bench && go run ./latency -plain "${url[plain]}" -locked "${url[locked]}" -idem "${url[idem]}" \
+	(cd bench && go run ./latency -plain "${url[plain]}" -floor "${url[floor]}" -locked "${url[locked]}" -idem "${url[idem]}" \
 		-rates "$latency_rates" -duration "${LOADTEST_LATENCY_DURATION:-10s}" -rounds "${LOADTEST_LATENCY_ROUNDS:-3}") || bad=1
 fi
 
 if [ "$bad" != 0 ]; then
-	echo "FAIL: locked, idem or replay runs answered non-2xx, had socket errors, or ran instead of replaying" >&2
+	echo "FAIL: floor, locked, idem or replay runs answered non-2xx, had socket errors, or ran instead of replaying" >&2
 	exit 1
 fi
 if [ "$keys" != 0 ]; then

@@ -2,13 +2,14 @@
 // request rate: an open-loop load (vegeta's attacker, which sends on
 // schedule whether or not earlier answers came, as real clients do) against
 // a plain reverse_proxy site, a redis_lock site and an idempotency site of
-// one Caddy, in alternating order, round after round, at each rate. It
+// one Caddy (and, with -floor, the load test's floor site: the two round
+// trips of a bare lock and nothing else, internal/floor), in alternating order, round after round, at each rate. It
 // prints p50, p90 and p99 of each route with its ratio to plain in the same
 // round (medians over the rounds), so that the machine's drift cancels out.
 // A round in which the VM's host took the CPU (steal) is run again, as in
 // make loadtest.
 //
-//	go run ./latency -plain URL -locked URL -idem URL [-rates 100,500] [-duration 10s] [-rounds 3] [-max-steal 5]
+//	go run ./latency -plain URL -locked URL -idem URL [-floor URL] [-rates 100,500] [-duration 10s] [-rounds 3] [-max-steal 5]
 //
 // Every request is a POST with a JSON body and an Idempotency-Key of its
 // own: the lock and the record are taken and given back each time.
@@ -32,6 +33,7 @@ func main() {
 	plain := flag.String("plain", "", "URL of the plain reverse_proxy site")
 	locked := flag.String("locked", "", "URL of the redis_lock site")
 	idem := flag.String("idem", "", "URL of the redis_lock + idempotency site")
+	floor := flag.String("floor", "", "URL of the floor site (optional): a bare lock's two round trips")
 	rates := flag.String("rates", "100,500", "request rates per second, comma-separated")
 	duration := flag.Duration("duration", 10*time.Second, "length of one run")
 	rounds := flag.Int("rounds", 3, "rounds: each runs every route at every rate once")
@@ -41,7 +43,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "latency: -plain, -locked and -idem are required")
 		os.Exit(2)
 	}
-	routes := []route{{"plain", *plain}, {"lock", *locked}, {"idempotency", *idem}}
+	routes := []route{{"plain", *plain}}
+	if *floor != "" {
+		routes = append(routes, route{"floor", *floor})
+	}
+	routes = append(routes, route{"lock", *locked}, route{"idempotency", *idem})
 	var rs []int
 	for _, f := range strings.Split(*rates, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -54,10 +60,10 @@ func main() {
 
 	failed := false
 	for _, rate := range rs {
-		var ratios [3][3][]float64   // route, quantile: per-round ratio to plain
-		var absolute [3][3][]float64 // route, quantile: ms
+		ratios := make([][3][]float64, len(routes))   // route, quantile: per-round ratio to plain
+		absolute := make([][3][]float64, len(routes)) // route, quantile: ms
 		for round, tries := 0, 0; round < *rounds; round, tries = round+1, tries+1 {
-			var q [3][3]time.Duration
+			q := make([][3]time.Duration, len(routes))
 			s0 := readCPUStat()
 			for i := range routes {
 				// Alternate the order so that no route always goes first.
