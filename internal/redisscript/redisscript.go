@@ -28,11 +28,17 @@ import (
 var TakeLua string
 
 // Script is a Lua script and its SHA1, the name EVALSHA knows it by.
-type Script struct{ Src, SHA string }
+type Script struct {
+	Src, SHA string
+	// src and sha are Src and SHA as command arguments, boxed once: a
+	// string put in an interface is a heap allocation, on every call.
+	src, sha any
+}
 
 // New returns the Script of src.
 func New(src string) Script {
-	return Script{Src: src, SHA: redis.NewScript(src).Hash()}
+	sha := redis.NewScript(src).Hash()
+	return Script{Src: src, SHA: sha, src: src, sha: sha}
 }
 
 // ErrUnavailable is package lock's ErrUnavailable (lock re-exports it):
@@ -162,20 +168,24 @@ func (c *Conn) Run(ctx context.Context, s Script, keys []string, args ...any) (*
 	if c.repl != nil {
 		return c.runReplicated(ctx, s, keys, args)
 	}
-	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.SHA, keys, args)...)
+	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
 	err := c.Process(ctx, cmd)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd = redis.NewCmd(ctx, evalArgs("eval", s.Src, keys, args)...)
+		cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
 		err = c.Process(ctx, cmd)
 	}
 	return cmd, err
 }
 
-func evalArgs(verb, script string, keys []string, args []any) []any {
+// evalArgs are the arguments of EVALSHA or EVAL. The keys go as pointers
+// into keys, which go-redis reads as the strings (for the command, the
+// batch's size and a Cluster slot): a pointer in an interface needs no
+// allocation of its own, a string does.
+func evalArgs(verb string, script any, keys []string, args []any) []any {
 	a := make([]any, 0, 3+len(keys)+len(args))
 	a = append(a, verb, script, len(keys))
-	for _, k := range keys {
-		a = append(a, k)
+	for i := range keys {
+		a = append(a, &keys[i])
 	}
 	return append(a, args...)
 }

@@ -63,11 +63,11 @@ func (c *Conn) runReplicated(ctx context.Context, s Script, keys []string, args 
 		return nil, err
 	}
 	waitUntil := c.waitDeadline(ctx)
-	cmd, acked, err := c.pipelineWait(ctx, p, waitUntil, evalArgs("evalsha", s.SHA, keys, args))
+	cmd, acked, err := c.pipelineWait(ctx, p, waitUntil, evalArgs("evalsha", s.sha, keys, args))
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// The first WAIT waited too, for the connection's earlier writes:
 		// the two share one budget.
-		cmd, acked, err = c.pipelineWait(ctx, p, waitUntil, evalArgs("eval", s.Src, keys, args))
+		cmd, acked, err = c.pipelineWait(ctx, p, waitUntil, evalArgs("eval", s.src, keys, args))
 	}
 	if err != nil {
 		return cmd, err
