@@ -128,7 +128,10 @@ echo "Round trips per request (record.TestRoundTripsPerRequest, client=plain):"
 echo
 echo "Waiter's answer after the holder's, 200 waits through Caddy (BenchmarkWakeAfterRelease):"
 (cd .. && go test -count=1 -run '^$' -bench '^BenchmarkWakeAfterRelease$' -benchtime=200x . 2>/dev/null) |
-	sed -n 's/^BenchmarkWakeAfterRelease\/\([a-z]*\)-[0-9]* *[0-9]* *[0-9]* ns\/op */  \1: /p'
+	awk '
+	# Caddy logs on stdout between a benchmark name and its figures.
+	$1 ~ /^BenchmarkWakeAfterRelease\// { split($1, a, "[/-]"); cur = a[2] }
+	/ns\/op/ && cur != "" { sub(/.* ns\/op */, ""); print "  " cur ": " $0; cur = "" }'
 
 # The handler's own cost per request, without Caddy's server, an upstream or
 # a network client (BenchmarkHandler): CPU time and allocations move far less
