@@ -6,38 +6,69 @@ import (
 	"encoding/hex"
 	"hash"
 	"net/http"
-	"strings"
 )
 
 // fingerprint is the hex SHA-256 of the parts of r that must match for a
 // replay, each named and length-prefixed, so that no two different requests
 // share one. The path and query are compared as sent, the body byte for
 // byte.
+//
+// The small parts are appended to one buffer and hashed with one Write: a
+// slice handed to the hash (an interface) escapes, so writing each name,
+// length and value on its own cost an allocation apiece. The body is
+// hashed where it is, not copied: it can be max_body long.
 func (c *IdempotencyConfig) fingerprint(r *http.Request, body []byte) string {
 	h := sha256.New()
+	buf := make([]byte, 0, 256)
 	for _, part := range c.Fingerprint {
 		switch part {
 		case partMethod:
-			writePart(h, part, []byte(r.Method))
+			buf = appendPart(buf, part, r.Method)
 		case partPath:
-			writePart(h, part, []byte(r.URL.EscapedPath()))
+			buf = appendPart(buf, part, r.URL.EscapedPath())
 		case partQuery:
-			writePart(h, part, []byte(r.URL.RawQuery))
+			buf = appendPart(buf, part, r.URL.RawQuery)
 		case partBody:
-			writePart(h, part, body) // not copied: it can be max_body long
+			buf = appendPrefix(buf, part, len(body))
+			buf = flush(h, buf)
+			h.Write(body)
 		}
 	}
 	for _, name := range c.FingerprintHeaders {
-		writePart(h, "header "+http.CanonicalHeaderKey(name), []byte(strings.Join(r.Header.Values(name), "\x00")))
+		values := r.Header.Values(name)
+		n := max(len(values)-1, 0) // the "\x00"s between values
+		for _, v := range values {
+			n += len(v)
+		}
+		buf = appendPrefix(buf, "header "+http.CanonicalHeaderKey(name), n)
+		for i, v := range values {
+			if i > 0 {
+				buf = append(buf, 0)
+			}
+			buf = append(buf, v...)
+		}
 	}
+	flush(h, buf)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0]))
 }
 
-func writePart(h hash.Hash, name string, value []byte) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(binary.AppendUvarint(n[:0], uint64(len(name))))
-	h.Write([]byte(name))
-	h.Write(binary.AppendUvarint(n[:0], uint64(len(value))))
-	h.Write(value)
+// appendPart appends a part: its name and its value, each after its
+// length as a uvarint.
+func appendPart(b []byte, name, value string) []byte {
+	return append(appendPrefix(b, name, len(value)), value...)
+}
+
+// appendPrefix appends a part's name with its length, and the length of the
+// value that follows.
+func appendPrefix(b []byte, name string, valueLen int) []byte {
+	b = binary.AppendUvarint(b, uint64(len(name)))
+	b = append(b, name...)
+	return binary.AppendUvarint(b, uint64(valueLen))
+}
+
+// flush writes b to h and returns it emptied.
+func flush(h hash.Hash, b []byte) []byte {
+	h.Write(b)
+	return b[:0]
 }

@@ -6,9 +6,26 @@ package redislock
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
+
+// A fingerprint is stored with every record and compared by the next
+// version of the plugin too: its bytes must not change. The value is the
+// SHA-256 of the parts as written since the first release (each name and
+// value after its length as a uvarint, a header's values joined by NUL).
+func TestFingerprintStable(t *testing.T) {
+	c := IdempotencyConfig{Fingerprint: []string{partMethod, partPath, partQuery, partBody}, FingerprintHeaders: []string{"content-type", "x-tenant"}}
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges?expand=customer", nil)
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Add("X-Tenant", "a")
+	r.Header.Add("X-Tenant", "b")
+	const want = "9a8217da55414cd95deadd10b52731cc976427eda57875a327c9448ba4132842"
+	if got := c.fingerprint(r, []byte(`{"amount":1299}`)); got != want {
+		t.Fatalf("fingerprint %s, want %s: records stored before would no longer match their retries", got, want)
+	}
+}
 
 func TestIdempotencyMismatch(t *testing.T) {
 	t.Parallel()
