@@ -387,8 +387,10 @@ type asyncPipeliner interface {
 // pipelined is the lock backend of rdb through its deferred autopipeliner.
 // Concurrent requests' lock commands share write and read system calls
 // that way, which costs Redis much less CPU per request than one round trip
-// per command (bench/README.md). The deferred face, because a command
-// queued in a pipeline is sent whatever its context says: the lock library
+// per command (bench/README.md); a command sent while no other is in flight
+// goes on rdb itself, sparing it the autopipeliner's hand-offs. The
+// deferred face, because a command queued in a pipeline is sent whatever
+// its context says: the lock library
 // waits on each command's future and gives up at its own deadline
 // (lock.Config.CallTimeout). With replicas, each script goes on rdb itself
 // instead, with its WAIT in one pipeline on one connection.
@@ -401,7 +403,7 @@ func pipelined(rdb asyncPipeliner, c *RedisConfig) (lock.Master, func() error, e
 	if err != nil {
 		return nil, nil, errors.Join(err, rdb.Close())
 	}
-	b := lock.NewReplicatedRedis(ap, lock.Replication{Replicas: c.Replicas, Timeout: time.Duration(c.Timeout), Direct: rdb})
+	b := lock.NewPipelinedRedis(ap, rdb, lock.Replication{Replicas: c.Replicas, Timeout: time.Duration(c.Timeout)})
 	return b, func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
 }
 

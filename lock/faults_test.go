@@ -16,20 +16,35 @@ import (
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
-// asyncRDB is the client setup of the Caddy handler: go-redis's deferred
-// autopipeliner over a client that retries once.
+// asyncRDB is go-redis's deferred autopipeliner over a client that retries
+// once.
 func asyncRDB(t testing.TB, addr string) redis.UniversalClient {
 	t.Helper()
-	base := redis.NewClient(&redis.Options{
+	ap, _ := asyncPair(t, addr)
+	return ap
+}
+
+// asyncPair is asyncRDB and the client under it.
+func asyncPair(t testing.TB, addr string) (ap redis.UniversalClient, base *redis.Client) {
+	t.Helper()
+	base = redis.NewClient(&redis.Options{
 		Addr: addr, ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1,
 		DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond,
 	})
-	ap, err := base.AsyncAutoPipeline()
+	a, err := base.AsyncAutoPipeline()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ap.Close(); _ = base.Close() })
-	return ap
+	t.Cleanup(func() { _ = a.Close(); _ = base.Close() })
+	return a, base
+}
+
+// pipelinedRedis is the Caddy handler's backend: the deferred autopipeliner,
+// and lone calls on the client under it.
+func pipelinedRedis(t testing.TB, addr string) *Redis {
+	t.Helper()
+	ap, base := asyncPair(t, addr)
+	return NewPipelinedRedis(ap, base, Replication{})
 }
 
 // A paused Redis (SIGSTOP) answers nothing. With the deferred autopipeliner
@@ -37,9 +52,20 @@ func asyncRDB(t testing.TB, addr string) redis.UniversalClient {
 // behind each other, gives up at CallTimeout, and so does a release at
 // ReleaseTimeout.
 func TestCallTimeoutBoundsQueuedCalls(t *testing.T) {
+	backends := map[string]func(t *testing.T, addr string) *Redis{
+		"autopipeliner": func(t *testing.T, addr string) *Redis { return NewRedis(asyncRDB(t, addr)) },
+		// The first acquire goes on the client: nothing else is in flight.
+		"autopipeliner and lone calls": func(t *testing.T, addr string) *Redis { return pipelinedRedis(t, addr) },
+	}
+	for name, backend := range backends {
+		t.Run(name, func(t *testing.T) { testCallTimeoutBoundsQueuedCalls(t, backend) })
+	}
+}
+
+func testCallTimeoutBoundsQueuedCalls(t *testing.T, backend func(t *testing.T, addr string) *Redis) {
 	srv, _ := startRedis(t)
 	const callTimeout = 600 * time.Millisecond
-	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: callTimeout})
+	c := NewWithBackend(backend(t, srv.Addr), &Config{CallTimeout: callTimeout})
 	if !c.Backend().(*Redis).conn.Deferred() {
 		t.Fatal("the deferred autopipeliner was not recognised")
 	}

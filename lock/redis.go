@@ -53,6 +53,15 @@ func NewReplicatedRedis(rdb redis.UniversalClient, repl Replication) *Redis {
 	return &Redis{conn: redisscript.NewReplicatedConn(rdb, redisscript.Replication(repl))}
 }
 
+// NewPipelinedRedis is NewReplicatedRedis of ap, a deferred autopipeliner
+// (AsyncAutoPipeline) of the client direct, for the least latency at any
+// load: a call made while no other is in flight goes on direct as its own
+// round trip, without ap's two goroutine hand-offs; concurrent calls share
+// ap's round trips. repl.Direct defaults to direct.
+func NewPipelinedRedis(ap, direct redis.UniversalClient, repl Replication) *Redis {
+	return &Redis{conn: redisscript.NewPipelinedConn(ap, direct, redisscript.Replication(repl))}
+}
+
 // Package record runs its own scripts on the Conn of a *Redis.
 func init() {
 	redisscript.ConnOf = func(b any) *redisscript.Conn {

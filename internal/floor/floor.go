@@ -3,7 +3,8 @@
 // nothing more. SET key token NX PX (one round trip) before next, a
 // compare-and-delete script (one more) after next and before the response
 // goes out, through go-redis's deferred autopipeliner with the options
-// redis_lock uses. No fencing token, no renewal, no lock context, no
+// redis_lock uses, or, as redis_lock sends them, on the client itself when
+// no other command is in flight. No fencing token, no renewal, no lock context, no
 // bounds on a hung Redis, no give-back, no metrics: what redis_lock costs
 // beyond this site's cost is its own.
 //
@@ -13,6 +14,7 @@ package floor
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -43,6 +45,7 @@ type Handler struct {
 	ap     *redis.AutoPipeliner
 	prefix string // per process, so that tokens are unique
 	seq    atomic.Uint64
+	busy   atomic.Int64 // commands in flight
 }
 
 // CaddyModule returns the Caddy module information.
@@ -106,7 +109,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	token := h.prefix + strconv.FormatUint(h.seq.Add(1), 10)
 	ctx := r.Context()
 	set := redis.NewStatusCmd(ctx, "set", key, token, "nx", "px", lease.Milliseconds())
-	if err := h.ap.Submit(ctx, set).WaitContext(ctx); err == redis.Nil {
+	if err := h.send(ctx, set); err == redis.Nil {
 		return caddyhttp.Error(http.StatusConflict, fmt.Errorf("held"))
 	} else if err != nil {
 		return caddyhttp.Error(http.StatusServiceUnavailable, err)
@@ -117,7 +120,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rec := caddyhttp.NewResponseRecorder(w, buf, func(int, http.Header) bool { return true })
 	nextErr := next.ServeHTTP(rec, r)
 	del := redis.NewCmd(ctx, "evalsha", release.Hash(), 1, key, token)
-	if err := h.ap.Submit(ctx, del).WaitContext(ctx); err != nil {
+	if err := h.send(ctx, del); err != nil {
 		if !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			return caddyhttp.Error(http.StatusServiceUnavailable, err)
 		}
@@ -129,6 +132,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nextErr
 	}
 	return rec.WriteResponse()
+}
+
+// send sends cmd alone on the client when no other command is in flight,
+// else through the autopipeliner.
+func (h *Handler) send(ctx context.Context, cmd redis.Cmder) error {
+	defer h.busy.Add(-1)
+	if h.busy.Add(1) == 1 {
+		return h.rdb.Process(ctx, cmd)
+	}
+	return h.ap.Submit(ctx, cmd).WaitContext(ctx)
 }
 
 // parseCaddyfile reads `redis_lock_floor <host:port>`.
