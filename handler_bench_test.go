@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"os"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/reqlock/caddy-redis-lock/internal/floor"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -25,15 +27,21 @@ import (
 // per request here move far less, so a change to the request path shows.
 //
 //	none         next alone, without the handler: the harness's own cost
+//	floor        the load test's floor (internal/floor): SET NX PX before
+//	             next, a compare-and-delete script after it, nothing more
 //	lock         redis_lock, a new key per request (acquire, release)
 //	idempotency  redis_lock + idempotency, a new key per request (begin, complete)
 //	replay       a retry of a stored answer (begin, whose reply is the answer)
 func BenchmarkHandler(b *testing.B) {
 	srv := redistest.Start(b)
-	for _, mode := range []string{"none", "lock", "idempotency", "replay"} {
+	for _, mode := range []string{"none", "floor", "lock", "idempotency", "replay"} {
 		b.Run(mode, func(b *testing.B) {
-			var h *Handler // nil: next alone
-			if mode != "none" {
+			var h caddyhttp.MiddlewareHandler // nil: next alone
+			switch mode {
+			case "none":
+			case "floor":
+				h = floorHandler(b, srv.Addr)
+			default:
 				h = unitHandler(b, srv.Addr, func(h *Handler) {
 					if mode != "lock" {
 						h.Idempotency = &IdempotencyConfig{Retention: caddy.Duration(time.Hour)}
@@ -90,9 +98,12 @@ var benchNext = caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Reques
 })
 
 // serveBench sends one POST with Idempotency-Key key through h, and returns
-// the status the client got.
-func serveBench(h *Handler, key string) int {
-	r, err := http.NewRequest(http.MethodPost, "http://127.0.0.1/checkout", http.NoBody)
+// the status the client got. The request's context is cancellable, as
+// net/http's server makes it: contexts derived from it register with it.
+func serveBench(h caddyhttp.MiddlewareHandler, key string) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1/checkout", http.NoBody)
 	if err != nil {
 		return http.StatusInternalServerError
 	}
@@ -111,6 +122,16 @@ func serveBench(h *Handler, key string) int {
 		return http.StatusOK
 	}
 	return w.status
+}
+
+// floorHandler is the load test's floor handler on the Redis at addr.
+func floorHandler(b *testing.B, addr string) *floor.Handler {
+	f := &floor.Handler{Address: addr}
+	if err := f.Provision(caddy.Context{}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = f.Cleanup() })
+	return f
 }
 
 // discardWriter is a ResponseWriter that keeps only the status.

@@ -137,7 +137,7 @@ echo "Waiter's answer after the holder's, 200 waits through Caddy (BenchmarkWake
 # a network client (BenchmarkHandler): CPU time and allocations move far less
 # than req/s through Caddy.
 echo
-echo "The handler alone, per request (BenchmarkHandler, ${BENCH_COUNT:-6} rounds; none is the harness without the handler):"
+echo "The handler alone, per request (BenchmarkHandler, ${BENCH_COUNT:-6} rounds; none is the harness without the handler, floor the load test's bare lock):"
 (cd .. && go test -count="${BENCH_COUNT:-6}" -run '^$' -bench '^BenchmarkHandler$' -benchtime="${BENCH_TIME:-1s}" . 2>/dev/null) |
 	awk '
 	# Caddy logs the handler provisioning on stdout between a benchmark name
