@@ -291,6 +291,48 @@ func TestFenceStrictlyIncreases(t *testing.T) {
 	}
 }
 
+// A fence from the clock is the Redis TIME in microseconds, its microseconds
+// padded to six digits: unpadded, a token issued in the first 100ms of a
+// second would be ten times too small. The loop runs until it has seen such
+// a token (each second has 100ms of them), with the counter gone each time
+// so that the token comes from the clock.
+func TestFenceIsTheRedisClock(t *testing.T) {
+	_, rdb := startRedis(t)
+	ctx := ctxT(t)
+	c := New(rdb, nil)
+	key := testKey(t)
+	micros := func() int64 {
+		t.Helper()
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now.UnixMicro()
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for small := false; !small; {
+		if time.Now().After(deadline) {
+			t.Fatal("no token in the first 100ms of a second within 3s")
+		}
+		if err := rdb.Del(ctx, CounterKey(key)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := micros()
+		l, err := c.Acquire(ctx, key, Options{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := micros()
+		if l.Fence() < before || l.Fence() > after {
+			t.Fatalf("fence %d, want the Redis clock between %d and %d", l.Fence(), before, after)
+		}
+		small = l.Fence()%1_000_000 < 100_000
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // A counter ahead of the Redis clock (tokens issued in the same microsecond,
 // the server clock set back, or a counter from an older version that counted
 // by INCR) is continued from, never gone below.
