@@ -47,7 +47,8 @@
 #
 # After the throughput rounds, bench/latency runs an open-loop load at each
 # constant rate against the plain, floor, locked and idem sites (vegeta), and
-# prints p50, p90 and p99 with their ratios to plain in the same round.
+# prints p50, p90 and p99 with their ratios to plain in the same round, and
+# what each site adds to the floor's p50.
 #
 # Exits non-zero when a floor, locked, idem or replay run answered anything but 2xx
 # or had socket errors (with a distinct key per request nothing may

@@ -3,9 +3,11 @@
 // schedule whether or not earlier answers came, as real clients do) against
 // a plain reverse_proxy site, a redis_lock site and an idempotency site of
 // one Caddy (and, with -floor, the load test's floor site: the two round
-// trips of a bare lock and nothing else, internal/floor), in alternating order, round after round, at each rate. It
-// prints p50, p90 and p99 of each route with its ratio to plain in the same
-// round (medians over the rounds), so that the machine's drift cancels out.
+// trips of a bare lock and nothing else, internal/floor), in alternating
+// order, round after round, at each rate. It prints p50, p90 and p99 of each
+// route with its ratio to plain in the same round (medians over the rounds),
+// so that the machine's drift cancels out, and with -floor what each route
+// adds to the floor's p50 in the same round.
 // A round in which the VM's host took the CPU (steal) is run again, as in
 // make loadtest.
 //
@@ -62,6 +64,7 @@ func main() {
 	for _, rate := range rs {
 		ratios := make([][3][]float64, len(routes))   // route, quantile: per-round ratio to plain
 		absolute := make([][3][]float64, len(routes)) // route, quantile: ms
+		overFloor := make([][]float64, len(routes))   // route: per-round p50 less the floor's, ms
 		for round, tries := 0, 0; round < *rounds; round, tries = round+1, tries+1 {
 			q := make([][3]time.Duration, len(routes))
 			s0 := readCPUStat()
@@ -92,14 +95,27 @@ func main() {
 					absolute[k][j] = append(absolute[k][j], ms(q[k][j]))
 					ratios[k][j] = append(ratios[k][j], float64(q[k][j])/float64(q[0][j]))
 				}
+				if *floor != "" {
+					overFloor[k] = append(overFloor[k], ms(q[k][0]-q[1][0]))
+				}
 			}
 		}
 		fmt.Printf("\n== %d req/s, %s per run, medians of %d rounds\n", rate, *duration, *rounds)
-		fmt.Printf("%-12s %9s %9s %9s   %8s %8s %8s\n", "route", "p50 ms", "p90 ms", "p99 ms", "p50/plain", "p90/plain", "p99/plain")
+		fmt.Printf("%-12s %9s %9s %9s   %8s %8s %8s", "route", "p50 ms", "p90 ms", "p99 ms", "p50/plain", "p90/plain", "p99/plain")
+		if *floor != "" {
+			// What a route adds to the floor, a bare lock's round trips in
+			// the same round: the part of its latency that is its own.
+			fmt.Printf(" %14s", "p50-floor ms")
+		}
+		fmt.Println()
 		for k, r := range routes {
-			fmt.Printf("%-12s %9.3f %9.3f %9.3f   %8.2f %9.2f %9.2f\n", r.name,
+			fmt.Printf("%-12s %9.3f %9.3f %9.3f   %8.2f %9.2f %9.2f", r.name,
 				median(absolute[k][0]), median(absolute[k][1]), median(absolute[k][2]),
 				median(ratios[k][0]), median(ratios[k][1]), median(ratios[k][2]))
+			if *floor != "" {
+				fmt.Printf(" %+14.3f", median(overFloor[k]))
+			}
+			fmt.Println()
 		}
 		fmt.Println()
 	}
