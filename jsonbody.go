@@ -30,9 +30,11 @@ var (
 )
 
 // readBody reads at most max bytes of r's body and puts them back for the
-// next handler, which can also re-read them (GetBody) for retries.
+// next handler, which can also re-read them (GetBody) for retries. A body
+// of length 0 is not read: Caddy wraps even an absent body, and reading it
+// cost a bodyless idempotent request (a GET or DELETE) a 512-byte buffer.
 func readBody(r *http.Request, max int64) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return nil, nil
 	}
 	buf, err := io.ReadAll(io.LimitReader(r.Body, max+1))

@@ -161,3 +161,35 @@ func readJSONBody(r *http.Request, max int64) (*jsonValue, error) {
 	}
 	return parseJSON(b)
 }
+
+// readBody leaves a body of length 0 unread, whatever wraps it (Caddy wraps
+// an absent one), and puts a read body back for the next handler and for
+// GetBody, also when its length is unknown (chunked).
+func TestReadBody(t *testing.T) {
+	wrapped := io.NopCloser(strings.NewReader(""))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Body, r.ContentLength = wrapped, 0
+	if b, err := readBody(r, 100); err != nil || b != nil {
+		t.Fatalf("length 0: %q, %v", b, err)
+	}
+	if r.Body != wrapped || r.GetBody != nil {
+		t.Fatal("length 0: the body was replaced")
+	}
+	for _, length := range []int64{3, -1} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("abc"))
+		r.ContentLength = length
+		b, err := readBody(r, 100)
+		if err != nil || string(b) != "abc" {
+			t.Fatalf("length %d: %q, %v", length, b, err)
+		}
+		for _, body := range []func() (io.ReadCloser, error){func() (io.ReadCloser, error) { return r.Body, nil }, r.GetBody} {
+			rc, err := body()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := io.ReadAll(rc); string(got) != "abc" {
+				t.Fatalf("length %d: the next handler reads %q", length, got)
+			}
+		}
+	}
+}
