@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Load test: requests per second through Caddy to the same fast upstream (a
-# small JSON answer), in five modes, with the same method for each:
+# small JSON answer), every request a POST of a small JSON charge
+# (scripts/loadtest/keys.lua), in five modes, with the same method for each:
 #
 #   plain   reverse_proxy
 #   floor   the floor of any Redis lock in front of reverse_proxy: SET NX PX

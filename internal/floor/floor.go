@@ -119,12 +119,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer bodies.Put(buf)
 	rec := caddyhttp.NewResponseRecorder(w, buf, func(int, http.Header) bool { return true })
 	nextErr := next.ServeHTTP(rec, r)
-	del := redis.NewCmd(ctx, "evalsha", release.Hash(), 1, key, token)
-	if err := h.send(ctx, del); err != nil {
+	// Released whether or not the client is still there: a lock that a
+	// client's going away leaves for its lease is no lock to measure.
+	rctx := context.WithoutCancel(ctx)
+	del := redis.NewCmd(rctx, "evalsha", release.Hash(), 1, key, token)
+	if err := h.send(rctx, del); err != nil {
 		if !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			return caddyhttp.Error(http.StatusServiceUnavailable, err)
 		}
-		if err := release.Eval(ctx, h.rdb, []string{key}, token).Err(); err != nil {
+		if err := release.Eval(rctx, h.rdb, []string{key}, token).Err(); err != nil {
 			return caddyhttp.Error(http.StatusServiceUnavailable, err)
 		}
 	}

@@ -44,6 +44,16 @@ func TestFloor(t *testing.T) {
 		t.Fatal("lock left after the answer")
 	}
 
+	// A client gone while next ran: the lock is released all the same.
+	gone, leave := context.WithCancel(context.Background())
+	_ = h.ServeHTTP(httptest.NewRecorder(), request("k3").WithContext(gone), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		leave()
+		return nil
+	}))
+	if n := rdb.Exists(ctx, "redis_lock_floor:k3").Val(); n != 0 {
+		t.Fatal("lock left after the client went away")
+	}
+
 	rdb.Set(ctx, "redis_lock_floor:k2", "other", 0)
 	err = h.ServeHTTP(httptest.NewRecorder(), request("k2"), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
 		t.Fatal("next ran under a held key")

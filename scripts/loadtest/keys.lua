@@ -1,5 +1,7 @@
--- wrk script: an Idempotency-Key on every request, from the run's nonce
--- (first script argument), the thread number and a counter.
+-- wrk script: a POST of a small JSON charge, as a payment API receives it
+-- (the same body as bench/latency's), with an Idempotency-Key on every
+-- request, from the run's nonce (first script argument), the thread number
+-- and a counter.
 --
 -- With a second argument N, each thread cycles through its own N keys
 -- (counter 1..N, then 1 again) instead of counting on: the same nonce and N
@@ -23,6 +25,8 @@ function init(args)
 	for k, v in pairs(wrk.headers) do
 		headers[k] = v
 	end
+	headers["Content-Type"] = "application/json"
+	body = '{"amount":1299,"currency":"eur"}'
 end
 
 function request()
@@ -31,5 +35,5 @@ function request()
 		counter = 1
 	end
 	headers["Idempotency-Key"] = prefix .. counter
-	return wrk.format(nil, nil, headers)
+	return wrk.format("POST", nil, headers, body)
 end
