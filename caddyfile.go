@@ -61,6 +61,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			fingerprint  <part>...
 //			max_response <size>
 //			store        <class|status>...
+//			replay_cookies
 //		}
 //	}
 //
@@ -218,6 +219,11 @@ func (c *IdempotencyConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = sizeArg(d, &c.MaxResponse)
 		case "fingerprint":
 			err = c.parseFingerprint(d)
+		case "replay_cookies":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.ReplayCookies = true
 		case "store":
 			c.Store = append(c.Store, d.RemainingArgs()...)
 			if len(c.Store) == 0 {

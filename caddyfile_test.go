@@ -179,6 +179,13 @@ func TestValidate(t *testing.T) {
 		{"idempotency header", func(h *Handler) {
 			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, FingerprintHeaders: []string{"Bad Name"}}
 		}, "not a valid header name"},
+		{"replay_cookies without scope", func(h *Handler) {
+			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, ReplayCookies: true}
+		}, "replay_cookies needs a scope"},
+		{"replay_cookies with scope", func(h *Handler) {
+			h.Scope = "{http.request.cookie.session}"
+			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, ReplayCookies: true}
+		}, ""},
 		{"cluster", func(h *Handler) { h.Redis.Mode = ModeCluster }, "cluster mode needs the address of at least one node"},
 		{"sentinel", func(h *Handler) { h.Redis.Mode = ModeSentinel }, "sentinel mode needs master_name"},
 		{"redlock", func(h *Handler) { h.Redis.Mode = ModeRedlock }, "redlock mode needs an odd number of independent masters"},

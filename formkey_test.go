@@ -11,6 +11,43 @@ import (
 	"testing"
 )
 
+// A request without a body (the checkout page's GET on the path its form
+// posts to) has a missing key, not an invalid form or JSON body:
+// missing_key pass passes it, reject answers 400 missing-key.
+func TestBodylessKeyMissing(t *testing.T) {
+	t.Parallel()
+	_, rdb := newRedis(t)
+	be := newRecorder(t, nil)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock /form-pass* {http.redis_lock.form.checkout_token} {
+		redis %[1]s
+		missing_key pass
+	}
+	redis_lock /form-reject* {http.redis_lock.form.checkout_token} {
+		redis %[1]s
+	}
+	redis_lock /json-pass* {http.redis_lock.json.order_id} {
+		redis %[1]s
+		missing_key pass
+	}
+	redis_lock /json-reject* {http.redis_lock.json.order_id} {
+		redis %[1]s
+	}
+	reverse_proxy %[2]s`, rdb.Options().Addr, be.hostPort()), siteOptions{})
+	for _, method := range []string{"GET", "POST", "DELETE"} {
+		for _, kind := range []string{"form", "json"} {
+			if r := s.do(method, "/"+kind+"-pass", ""); r.Status != http.StatusOK {
+				t.Errorf("%s /%s-pass without a body: %s, want it passed on", method, kind, r)
+			}
+			if p := expectProblem(t, s.do(method, "/"+kind+"-reject", ""), http.StatusBadRequest); !strings.HasSuffix(p.Type, "#missing-key") {
+				t.Errorf("%s /%s-reject without a body: %s, want missing-key", method, kind, p.Type)
+			}
+		}
+	}
+	// A body that is there and malformed is still invalid.
+	expectProblem(t, s.do("POST", "/form-pass", "a=%zz", "Content-Type", "application/x-www-form-urlencoded"), http.StatusBadRequest)
+	expectProblem(t, s.do("POST", "/json-pass", "{", "Content-Type", "application/json"), http.StatusBadRequest)
+}
+
 func TestFormKey(t *testing.T) {
 	t.Parallel()
 	_, rdb := newRedis(t)

@@ -48,7 +48,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.rejectBody(w, r, repl, err)
 		}
 	}
-	if len(h.inputs.jsonPaths) > 0 {
+	// A request without a body (the GET of a checkout page on the path
+	// its form posts to) has no fields: its key is missing, not invalid.
+	if len(h.inputs.jsonPaths) > 0 && len(body) > 0 {
 		doc, err := parseJSON(body)
 		if err != nil {
 			return h.rejectBody(w, r, repl, err)
@@ -59,7 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		repl.Map(fields)
 	}
-	if len(h.inputs.formNames) > 0 {
+	if len(h.inputs.formNames) > 0 && len(body) > 0 {
 		vals, err := parseForm(r, body)
 		if err != nil {
 			return h.reject(w, repl, resultRejected, problemInvalidForm)
@@ -99,11 +101,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	start := time.Now()
 	h.client.hold()
-	lk, err := h.locker.Acquire(r.Context(), rkey, h.lockOptions())
+	ctx, keep := untilAcquired(r.Context())
+	lk, err := h.locker.Acquire(ctx, rkey, h.lockOptions())
+	if err == nil && !keep() {
+		// The client left as the lock was taken: nothing ran.
+		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); h.client.done() })
+		h.count(repl, resultCancelled)
+		return nil
+	}
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
 		return h.serveLocked(w, r, next, repl, lk)
 	}
+	keep()
 	h.client.done()
 	var notObtained *lock.NotObtainedError
 	switch {
@@ -116,6 +126,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	default:
 		return h.unavailableRedis(w, r, next, repl, rkey, err)
 	}
+}
+
+// untilAcquired is the context an acquire runs on: the wait for a held lock
+// ends when the client leaves, but the lock it takes does not, as the
+// request it runs outlives its client (heldRequest.upstream). keep reports
+// whether the client was still there when the acquire ended; if not, the
+// context has ended or may yet end.
+func untilAcquired(client context.Context) (ctx context.Context, keep func() bool) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(client))
+	stop := context.AfterFunc(client, func() { cancel(context.Cause(client)) })
+	return ctx, func() bool { return stop() && client.Err() == nil }
 }
 
 // unavailableRedis answers a request whose lock could not be taken because
@@ -142,7 +163,7 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 
 // serveLocked calls next while lk is held and releases lk before the last
 // byte of the response is written, whatever next does (returns, fails,
-// panics).
+// panics). next runs detached from the client (heldRequest.upstream).
 func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
 	q := h.hold(w, r, repl, lk)
 	// release deletes the lock before the response completes, waiting on
@@ -167,14 +188,8 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	defer q.recoverPanic(release)
 
-	parent := r.Context()
-	if h.LostLock == LostLockAbort {
-		// Cancels the upstream request when the lock is lost.
-		parent = lk.Context()
-	}
-	ctx, cancel := context.WithCancelCause(parent)
-	defer cancel(nil)
-	req, once := sendOnce(r, ctx, cancel)
+	req := q.upstream()
+	defer q.end()
 	nextErr := next.ServeHTTP(q.hw, req)
 
 	lost, cause := q.lost()
@@ -189,11 +204,11 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 		// next's error is the cancellation this handler caused.
 		q.count(resultLost)
 		return q.close(h.writeProblem(q.hw, problemLockLost))
-	case once.stopped() && nextErr != nil && !q.hw.started:
-		// Written once, and the answer never came: whatever status
-		// reverse_proxy gives the stopped second sending, the outcome is
-		// unknown.
-		q.countOutcome(lost)
+	case !q.hw.started && q.unanswered(nextErr):
+		// Whatever status reverse_proxy gives it (a reset, a timeout, a
+		// stopped second sending), the request may have run: a retry
+		// must not charge again unseen.
+		q.countUnanswered(lost)
 		return q.close(h.writeProblem(q.hw, problemOutcomeUnknown))
 	}
 	q.countOutcome(lost)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
@@ -24,6 +26,12 @@ type heldRequest struct {
 	acquired time.Time
 	given    bool // the lock was given back
 	counted  bool // the request's result was counted
+
+	ctx       context.Context // next's, detached from the client (upstream)
+	cancel    context.CancelCauseFunc
+	stopAfter func() bool                // stops the watch on the client
+	giveUp    atomic.Pointer[time.Timer] // runs a lease after the client left
+	once      *sentOnce
 }
 
 // hold starts r's run under lk, with its result acquired and its fencing
@@ -44,6 +52,66 @@ func (q *heldRequest) giveBack(back func(done func())) {
 	metrics.hold.Observe(held.Seconds())
 	q.h.holds.observe(held)
 	back(q.h.client.done)
+}
+
+// upstream is r as next gets it: detached from the client, and sent
+// upstream at most once (sendOnce). A proxy cannot stop a backend that has
+// started, so a client that goes away (a browser cancelling the first POST
+// of a double click, a mobile client timing out) neither cancels the
+// upstream request nor frees the lock: the request runs on under its
+// renewed lock, which is given back when the backend answers. It is
+// cancelled when the lock is lost (lost_lock abort), and a lease after the
+// client left (errClientGoneTooLong): a backend that hangs must not hold
+// the key for ever. The caller defers end.
+func (q *heldRequest) upstream() *http.Request {
+	parent := q.lk.Context()
+	if q.h.LostLock == LostLockContinue {
+		parent = context.WithoutCancel(q.r.Context())
+	}
+	q.ctx, q.cancel = context.WithCancelCause(parent)
+	ttl := time.Duration(q.h.TTL)
+	q.stopAfter = context.AfterFunc(q.r.Context(), func() {
+		q.giveUp.Store(time.AfterFunc(ttl, func() { q.cancel(errClientGoneTooLong) }))
+	})
+	req, once := sendOnce(q.r, q.ctx, q.cancel)
+	q.once = once
+	return req
+}
+
+// end stops what upstream started, once next has returned.
+func (q *heldRequest) end() {
+	if !q.stopAfter() {
+		if t := q.giveUp.Load(); t != nil {
+			t.Stop()
+		}
+	}
+	q.cancel(nil)
+}
+
+// gaveUp reports whether next was cancelled a lease after its client left.
+func (q *heldRequest) gaveUp() bool {
+	return errors.Is(context.Cause(q.ctx), errClientGoneTooLong)
+}
+
+// unanswered reports whether next's error leaves the request's outcome
+// unknown: it may have reached a backend, which never answered (a reset or
+// a timeout after the request was written, a second sending stopped, a
+// backend cut off a lease after its client left). Only a request no
+// backend could act on (neverReached) is known not to have run.
+func (q *heldRequest) unanswered(nextErr error) bool {
+	return nextErr != nil && (q.once.stopped() || q.gaveUp() || !neverReached(nextErr))
+}
+
+// countUnanswered counts a request whose outcome is unknown, and logs the
+// one given up a lease after its client left.
+func (q *heldRequest) countUnanswered(lost bool) {
+	if !lost && q.gaveUp() {
+		q.h.logger.Warn("the client left a lease ago and the backend has not answered: upstream request cancelled, lock given back",
+			zap.String("key", q.lk.Key()), zap.Int64("fencing_token", q.lk.Fence()))
+		q.count(resultGaveUp)
+		return
+	}
+	q.countOutcome(lost)
 }
 
 // lost reports whether the lock was lost while next ran, and why the lock's

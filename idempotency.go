@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -110,7 +109,7 @@ var errNotGivenBack = errors.New("redis_lock: a key begun as Redis came back cou
 func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, pending *record.Pending) error {
 	lk := pending.Lock
 	q := h.hold(w, r, repl, lk)
-	rec := newRecordingWriter(q.hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead)
+	rec := newRecordingWriter(q.hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead, h.Idempotency.ReplayCookies)
 	// store stores resp (nil: gives the record up) and releases the lock,
 	// waiting on Redis for at most the client's timeout.
 	store := func(resp *record.Response, lost bool) {
@@ -132,28 +131,8 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	defer q.recoverPanic(func(lost bool) { store(h.unknownOutcome(), lost) })
 
 	restrictAcceptEncoding(r)
-	// Detached from the client: its record outlives it, so that its retry
-	// gets the answer. Cancelled when the lock is lost (lost_lock abort),
-	// and one lease after the client went away: a backend that hangs must
-	// not hold the key for ever.
-	parent := lk.Context()
-	if h.LostLock == LostLockContinue {
-		parent = context.WithoutCancel(r.Context())
-	}
-	reqCtx, cancelReq := context.WithCancelCause(parent)
-	defer cancelReq(nil)
-	var giveUp atomic.Pointer[time.Timer]
-	stopAfter := context.AfterFunc(r.Context(), func() {
-		giveUp.Store(time.AfterFunc(time.Duration(h.TTL), func() { cancelReq(errClientGoneTooLong) }))
-	})
-	defer func() {
-		if !stopAfter() {
-			if t := giveUp.Load(); t != nil {
-				t.Stop()
-			}
-		}
-	}()
-	req, once := sendOnce(r, reqCtx, cancelReq)
+	req := q.upstream()
+	defer q.end()
 	nextErr := next.ServeHTTP(rec, req)
 
 	lost, cause := q.lost()
@@ -175,15 +154,14 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 		// The answer broke off after it began: what was recorded is not
 		// the whole answer.
 		store(h.unknownOutcome(), lost)
-	case nextErr != nil && neverReached(nextErr) && !once.stopped() && !errors.Is(context.Cause(reqCtx), errClientGoneTooLong):
+	case q.unanswered(nextErr):
+		// Sent, maybe done, not answered.
+		store(h.unknownOutcome(), lost)
+		q.countUnanswered(lost)
+		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
+	case nextErr != nil:
 		// Never reached a backend: nothing to keep, a retry runs.
 		store(nil, lost)
-	case nextErr != nil:
-		// Cut off a lease after the client left, or stopped from being
-		// sent a second time: sent, not answered.
-		store(h.unknownOutcome(), lost)
-		q.countOutcome(lost)
-		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
 	case !h.Idempotency.policy.stores(rec.status):
 		store(nil, lost)
 	default:

@@ -48,6 +48,12 @@ type IdempotencyConfig struct {
 	// retry runs; outcome-unknown is always stored. Default: every answer
 	// but 408, 425, 429 and 503.
 	Store []string `json:"store,omitempty"`
+	// ReplayCookies stores the backend's Set-Cookie with the answer and
+	// replays it, so that Post/Redirect/Get with a cookie session shows
+	// the receipt after a double click whose first answer the browser
+	// dropped. It needs the handler's Scope: a replayed cookie must only
+	// ever reach the client the scope names.
+	ReplayCookies bool `json:"replay_cookies,omitempty"`
 
 	policy *storePolicy // Store, parsed at provision time; nil: the default
 }

@@ -290,6 +290,8 @@ func (h *Handler) Validate() error {
 	check(h.FencingHeaderOff || httpguts.ValidHeaderFieldName(h.FencingHeader), "fencing_header %q is not a valid header name", h.FencingHeader)
 	if h.Idempotency != nil {
 		errs = append(errs, h.Idempotency.validate())
+		check(!h.Idempotency.ReplayCookies || h.Scope != "",
+			"idempotency: replay_cookies needs a scope, such as scope {http.request.cookie.session}: without one, a cookie stored for one client would be replayed to any client that sends the same key")
 	}
 	if h.Redis != nil {
 		if err := h.Redis.validate(); err != nil {

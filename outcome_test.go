@@ -203,3 +203,36 @@ func TestIdempotencyOutlivesClient(t *testing.T) {
 		t.Fatalf("backend ran %d times, want once", n)
 	}
 }
+
+// Outcome unknown in lock mode too: a request written to the backend that
+// got no answer is 502 outcome-unknown with Stripe-Should-Retry: false,
+// whatever its body (a form, JSON, none), which Go's transport could or
+// could not have sent again.
+func TestLockOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := chargeBackend(t)
+	sites := startCaddySites(t, siteOptions{}, paySite(srv.Addr, be.hostPort()), paySite(srv.Addr, "127.0.0.1:1"))
+	s, dead := sites[0], sites[1]
+	for _, body := range []struct{ name, body, ctype string }{
+		{"form", "checkout_token=T0&amount=19.99", "application/x-www-form-urlencoded"},
+		{"json", `{"amount":1999}`, "application/json"},
+		{"none", "", ""},
+	} {
+		key := "reset-" + body.name
+		r := s.do("POST", "/pay/reset", body.body, "Idempotency-Key", key, "Content-Type", body.ctype)
+		p := expectProblem(t, r, http.StatusBadGateway)
+		if !strings.HasSuffix(p.Type, "#outcome-unknown") || r.Header.Get("Stripe-Should-Retry") != "false" {
+			t.Errorf("%s body: %s, want outcome-unknown without retry", body.name, r)
+		}
+		if n := be.executions(key); n != 1 {
+			t.Errorf("%s body: backend ran %d times, want once", body.name, n)
+		}
+	}
+	// Never reached (nothing listens): Caddy's own 502, which a retry may
+	// follow.
+	r := dead.do("POST", "/pay", "checkout_token=T1", "Idempotency-Key", "refused", "Content-Type", "application/x-www-form-urlencoded")
+	if r.Status != http.StatusBadGateway || strings.Contains(r.Body, "outcome-unknown") || r.Header.Get("Stripe-Should-Retry") != "" {
+		t.Fatalf("a backend that refused the connection: %s, want Caddy's own 502", r)
+	}
+}

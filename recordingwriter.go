@@ -28,11 +28,12 @@ type recordingWriter struct {
 	body       bytes.Buffer
 	overflow   bool // the body went past max and is not kept
 	clientGone bool // a write to the client failed
+	cookies    bool // Set-Cookie is stored (replay_cookies)
 }
 
-func newRecordingWriter(w http.ResponseWriter, max int64, head bool) *recordingWriter {
+func newRecordingWriter(w http.ResponseWriter, max int64, head, cookies bool) *recordingWriter {
 	return &recordingWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		max: max, head: head, before: w.Header().Clone()}
+		max: max, head: head, cookies: cookies, before: w.Header().Clone()}
 }
 
 // WriteHeader records a final status and the headers set with it;
@@ -40,7 +41,7 @@ func newRecordingWriter(w http.ResponseWriter, max int64, head bool) *recordingW
 func (w *recordingWriter) WriteHeader(status int) {
 	if w.status == 0 && (status >= 200 || status == http.StatusSwitchingProtocols) {
 		w.status = status
-		w.header = storedHeader(w.before, w.Header())
+		w.header = storedHeader(w.before, w.Header(), w.cookies)
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
@@ -95,7 +96,7 @@ func (w *recordingWriter) Flush() { _ = w.FlushError() }
 func (w *recordingWriter) response() *record.Response {
 	status, header := w.status, w.header
 	if status == 0 { // the next handler wrote nothing: net/http sends 200
-		status, header = http.StatusOK, storedHeader(w.before, w.Header())
+		status, header = http.StatusOK, storedHeader(w.before, w.Header(), w.cookies)
 	}
 	r := &record.Response{Outcome: record.Replayable, Status: status, Header: header, Body: w.body.Bytes()}
 	streamed := status == http.StatusSwitchingProtocols ||
@@ -110,18 +111,20 @@ func (w *recordingWriter) response() *record.Response {
 }
 
 // notStored are response headers a replay must not repeat: hop-by-hop ones
-// (RFC 9110 7.6.1) and cookies (a session is the client's, not the key's),
-// and the length and date, which the replay sets anew.
+// (RFC 9110 7.6.1) and cookies (a session is the client's, not the key's;
+// replay_cookies keeps them where a scope ties the key to one client), and
+// the length and date, which the replay sets anew.
 var notStored = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 	"Set-Cookie", "Content-Length", "Date"}
 
 // storedHeader is what the next handler set in h (the headers that differ
-// from before), without the headers a replay must not repeat.
-func storedHeader(before, h http.Header) http.Header {
+// from before), without the headers a replay must not repeat; with
+// Set-Cookie when cookies is true.
+func storedHeader(before, h http.Header, cookies bool) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if !slices.Equal(before[k], v) && !slices.Contains(notStored, k) {
+		if !slices.Equal(before[k], v) && (!slices.Contains(notStored, k) || cookies && k == "Set-Cookie") {
 			out[k] = slices.Clone(v)
 		}
 	}

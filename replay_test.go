@@ -148,6 +148,36 @@ func TestIdempotencyScope(t *testing.T) {
 	}
 }
 
+// replay_cookies: the backend's Set-Cookie is stored and replayed within
+// the scope (Post/Redirect/Get with a cookie session shows the receipt to a
+// double click whose first answer the browser dropped); another scope
+// never gets it. Without a scope the config is refused at load.
+func TestIdempotencyReplayCookies(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := chargeBackend(t)
+	err := loadCaddyfileErr(fmt.Sprintf(":0 {\n%s\n}", paySite(srv.Addr, be.hostPort(), storedAnswers("replay_cookies"))))
+	if err == nil || !strings.Contains(err.Error(), "replay_cookies needs a scope") {
+		t.Fatalf("replay_cookies without a scope loaded: %v", err)
+	}
+	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("scope {http.request.cookie.session}"), storedAnswers("replay_cookies")), siteOptions{})
+	first := s.do("POST", "/pay", `{}`, "Idempotency-Key", "pay-1", "Cookie", "session=s1")
+	if first.Status != http.StatusCreated || first.Header.Get("Set-Cookie") == "" {
+		t.Fatalf("first request: %s", first)
+	}
+	again := s.do("POST", "/pay", `{}`, "Idempotency-Key", "pay-1", "Cookie", "session=s1")
+	if again.Header.Get(replayedHeader) != "true" || again.Header.Get("Set-Cookie") != first.Header.Get("Set-Cookie") || again.Body != first.Body {
+		t.Fatalf("the replay: %s, want the first answer with its Set-Cookie %q", again, first.Header.Get("Set-Cookie"))
+	}
+	other := s.do("POST", "/pay", `{}`, "Idempotency-Key", "pay-1", "Cookie", "session=s2")
+	if other.Header.Get(replayedHeader) != "" || other.Body == first.Body {
+		t.Fatalf("another session got the first one's answer: %s", other)
+	}
+	if n := be.executions("pay-1"); n != 2 {
+		t.Fatalf("backend ran pay-1 %d times, want once a session", n)
+	}
+}
+
 // Retention: the record expires, and the key runs again.
 func TestIdempotencyRetentionExpiry(t *testing.T) {
 	t.Parallel()

@@ -14,6 +14,7 @@ const (
 	resultUnavailable = "unavailable"
 	resultLost        = "lost"
 	resultCancelled   = "cancelled"
+	resultGaveUp      = "gave_up"
 	resultTooEarly    = "too_early"
 	resultReplayed    = "replayed"
 	resultMismatch    = "mismatch"
@@ -31,6 +32,7 @@ var results = []struct{ name, meaning string }{
 	{resultUnavailable, "503: Redis unavailable"},
 	{resultLost, "the lock was lost while the request was in flight"},
 	{resultCancelled, "the client went away first"},
+	{resultGaveUp, "the client went away and the backend had not answered a lease later: upstream request cancelled"},
 	{resultTooEarly, "425: TLS early data"},
 	{resultReplayed, "idempotency: answered from the stored response"},
 	{resultMismatch, "idempotency: 422, the key was used for another request"},
