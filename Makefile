@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 GOFILES  = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
 
-.PHONY: test redis fmt-check vet bench loadtest loadtest-compare demo caddy fuzz chaos
+.PHONY: test test-deps redis fmt-check vet bench loadtest loadtest-compare demo caddy fuzz chaos
 
 # redis makes sure redis-server is installed: tests start their own on free ports.
 redis:
@@ -27,8 +27,13 @@ vet:
 	$(GO) run $(STATICCHECK) ./...
 	cd bench && $(GO) run $(STATICCHECK) ./...
 
-# test: gofmt, go vet, staticcheck, then every test, with the race detector, against real redis-server processes.
-test: redis fmt-check vet
+# test-deps installs what the tests drive: redis-server, chromium, python3-stripe.
+test-deps:
+	@./scripts/test-deps.sh
+
+# test: gofmt, go vet, staticcheck, then every test, with the race detector,
+# against real redis-server processes.
+test: test-deps fmt-check vet
 	REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 20m ./...
 
 # fuzz: each fuzz target for FUZZTIME (the committed corpora in testdata/fuzz
