@@ -28,14 +28,17 @@ import (
 //	              keeps tokens increasing when a failover loses the counter
 //	no-acl-check  without the check that the user may run PEXPIRE
 //	no-give-back  without the check of the give-back mark
+//	no-deadline   without the check of the caller's deadline on the server's
+//	              clock (the shipped one is sent a deadline far ahead)
 func BenchmarkAcquireScript(b *testing.B) {
 	shipped := readScript(b, "../internal/redisscript/take.lua") + readScript(b, "../lock/acquire.lua")
 	variants := []struct{ name, old, new string }{
 		{"shipped", "", ""},
-		{"no-fence", "local fence = issue_fence(counter)", "local fence = '1'"},
-		{"incr-fence", "local fence = issue_fence(counter)", "local fence = redis.call('INCR', counter)"},
+		{"no-fence", "local fence = issue_fence(counter, now)", "local fence = '1'"},
+		{"incr-fence", "local fence = issue_fence(counter, now)", "local fence = redis.call('INCR', counter)"},
 		{"no-acl-check", "if redis.acl_check_cmd and not redis.acl_check_cmd('PEXPIRE', lock, ttl) then", "if false then"},
 		{"no-give-back", "redis.call('EXISTS', lock, gone)", "redis.call('EXISTS', lock)"},
+		{"no-deadline", "if deadline and deadline ~= '0' and (", "if false and ("},
 	}
 	rdb := newGoRedis(redisAddr)
 	defer rdb.Close()
@@ -58,13 +61,17 @@ func BenchmarkAcquireScript(b *testing.B) {
 		script := redis.NewScript(src)
 		b.Run(v.name, func(b *testing.B) {
 			pipelinedCycles(b, rdb, &seq, func(p redis.Pipeliner, key, token string) {
-				p.EvalSha(context.Background(), script.Hash(), []string{key, lock.CounterKey(key), lock.GoneKey(key, token)}, token, ttl.Milliseconds(), "0")
+				p.EvalSha(context.Background(), script.Hash(), []string{key, lock.CounterKey(key), lock.GoneKey(key, token)}, token, ttl.Milliseconds(), farDeadline)
 			}, func(p redis.Pipeliner, key, token string) {
 				p.HDel(context.Background(), key, token)
 			}, script)
 		})
 	}
 }
+
+// farDeadline is a deadline on the server's clock (µs) far ahead: the check
+// runs, and passes.
+const farDeadline = "9999999999999999"
 
 // pipelinedCycles runs b.N acquire+release cycles of new keys, 32 acquires
 // in one pipeline, then their 32 releases in another.

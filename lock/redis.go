@@ -73,17 +73,19 @@ func init() {
 }
 
 // TryAcquire runs the acquire script: the lock and its fencing token, or the
-// holder's remaining lease.
+// holder's remaining lease. It carries its deadline on the server's clock:
+// run after it, it takes nothing (ErrUnavailable).
 func (r *Redis) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
 	var cmd *redis.Cmd
 	var err error
 	keys := []string{key, CounterKey(key), GoneKey(key, token)}
+	deadline := r.conn.Deadline(ctx)
 	if Waiting(ctx) {
-		cmd, err = r.conn.Run(ctx, acquireScript, keys, token, ttl.Milliseconds(), "1")
+		cmd, err = r.conn.Run(ctx, acquireScript, keys, token, ttl.Milliseconds(), deadline, "1")
 	} else {
-		cmd, err = r.conn.Run(ctx, acquireScript, keys, token, ttl.Milliseconds())
+		cmd, err = r.conn.Run(ctx, acquireScript, keys, token, ttl.Milliseconds(), deadline)
 	}
-	return redisscript.Grant(ctx, cmd, err, notObtained)
+	return r.conn.Grant(ctx, cmd, err, notObtained)
 }
 
 // notObtained is the error of a lock another holder has for remaining.

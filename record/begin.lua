@@ -4,8 +4,9 @@
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] record, KEYS[4] the holder
 -- token's give-back mark (lock.GoneKey)
 -- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] fingerprint (64 hex),
--- ARGV[4] '1' when the caller waits and listens for the release
--- (mark_waited, in take.lua)
+-- ARGV[4] the caller's deadline on this server's clock in microseconds, '0'
+-- for none (acquire, in take.lua), ARGV[5] '1' when the caller waits and
+-- listens for the release (mark_waited, in take.lua)
 -- While the request runs, its fingerprint is a field of the lock beside the
 -- holder's token ("fp:" .. token), kept and released with it. The record
 -- exists once the request completed: 'C' .. fingerprint .. response.
@@ -22,7 +23,7 @@ if head ~= '' then
 end
 -- Our own begin again (a retry whose reply was lost) succeeds with the
 -- token issued the first time (acquire, in take.lua).
-local fence = acquire(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[4], 'fp:' .. ARGV[1], ARGV[3])
+local fence = acquire(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[4], ARGV[4], 'fp:' .. ARGV[1], ARGV[3])
 if fence then
 	return fence
 end
@@ -33,7 +34,7 @@ for i = 1, #fields, 2 do
 		return 'M'
 	end
 end
-if ARGV[4] == '1' then
+if ARGV[5] == '1' then
 	mark_waited(KEYS[1])
 end
 return redis.call('PTTL', KEYS[1])

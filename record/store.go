@@ -256,13 +256,14 @@ type begin struct {
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	args := []any{token, ttl.Milliseconds(), b.fingerprint}
+	conn := redisscript.ConnOf(b.node)
+	args := []any{token, ttl.Milliseconds(), b.fingerprint, conn.Deadline(ctx)}
 	if lock.Waiting(ctx) {
 		args = append(args, "1")
 	}
-	cmd, err := redisscript.ConnOf(b.node).Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key), lock.GoneKey(key, token)}, args...)
+	cmd, err := conn.Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key), lock.GoneKey(key, token)}, args...)
 	if err != nil && !redisscript.Unreplicated(err) {
-		return 0, redisscript.Classify(ctx, err)
+		return 0, redisscript.Classify(ctx, conn.Late(err))
 	}
 	// A stored answer or a mismatch wrote nothing: what the replicas
 	// acknowledged does not matter to it (Grant decides for a grant).
@@ -278,7 +279,7 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 			return 0, &CompletedError{Response: resp}
 		}
 	}
-	return redisscript.Grant(ctx, cmd, err, notObtained)
+	return conn.Grant(ctx, cmd, err, notObtained)
 }
 
 // Refresh is the lock's: the fingerprint lives in the lock.

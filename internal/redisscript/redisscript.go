@@ -20,10 +20,11 @@ import (
 // TakeLua is the Lua that takes a lock and issues its fencing token, for the
 // scripts that take one in the same round trip as their own work (lock's
 // acquire.lua, record's begin.lua): prefix their source with it and call
-// acquire(lock_key, token, lease_ms, counter_key[, field, value]), which
-// takes the lock when it is free, or renews it when token holds it already
-// (a retried acquire), and returns the fencing token, an error reply, or nil
-// when another holder has the lock.
+// acquire(lock_key, token, lease_ms, counter_key, gone_key, deadline[,
+// field, value]), which takes the lock when it is free, or renews it when
+// token holds it already (a retried acquire), and returns the fencing token,
+// an error reply ('LATE <now>' when it runs after deadline: Conn.Deadline),
+// or nil when another holder has the lock.
 //
 //go:embed take.lua
 var TakeLua string
@@ -89,13 +90,14 @@ type Conn struct {
 	busy    atomic.Int64          // calls in flight, when direct is set
 	repl    *Replication          // scripts wait for replicas, else nil
 	watches chan struct{}         // WatchRelease's subscriptions open
+	clock   clock                 // the server's clock, for acquires' deadlines
 }
 
 // NewConn returns the Conn of rdb. A deferred autopipeliner
 // (AsyncAutoPipeline) shares round trips between concurrent callers, and
 // each call still gives up waiting at its deadline.
 func NewConn(rdb redis.UniversalClient) *Conn {
-	c := &Conn{rdb: rdb, watches: make(chan struct{}, maxWatches)}
+	c := &Conn{rdb: rdb, watches: make(chan struct{}, maxWatches), clock: clock{base: time.Now()}}
 	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
 		c.async = s
 	}

@@ -2,16 +2,21 @@
 -- begin.lua, which takes one in the same step as its own work): the
 -- script's source starts with this file.
 
--- issue_fence returns the next fencing token of the counter: the server clock
--- in microseconds, or one more than the last token issued when that is not
--- below it (same microsecond, clock set back). Tokens strictly increase per
--- counter, and stay decimal strings, compared exactly, never Lua floats.
--- SET GET stores the token and reads the last one in one command. The
+-- clock is the server's clock in microseconds, as a decimal string. The
 -- microseconds are padded with string.rep: string.format took a twelfth of
 -- the acquire's Redis time (BenchmarkAcquireScript).
-local function issue_fence(counter)
+local function clock()
 	local t = redis.call('TIME')
-	local fence = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
+
+-- issue_fence returns the next fencing token of the counter: now, the server
+-- clock, or one more than the last token issued when that is not below it
+-- (same microsecond, clock set back). Tokens strictly increase per counter,
+-- and stay decimal strings, compared exactly, never Lua floats. SET GET
+-- stores the token and reads the last one in one command.
+local function issue_fence(counter, now)
+	local fence = now
 	local last = redis.call('SET', counter, fence, 'GET')
 	-- A counter that is not a plain decimal (written by hand) is ignored:
 	-- it is overwritten by the clock's token instead of failing every
@@ -33,11 +38,11 @@ end
 -- not a transaction: a command that failed after HSET (an ACL user without
 -- PEXPIRE) would leave a lock with no TTL, held for ever. So check first
 -- (Redis 7+), and undo should PEXPIRE fail anyway.
-local function take(lock, token, ttl, counter, field, value)
+local function take(lock, token, ttl, counter, now, field, value)
 	if redis.acl_check_cmd and not redis.acl_check_cmd('PEXPIRE', lock, ttl) then
 		return redis.error_reply('NOPERM this user may not run PEXPIRE on the lock key')
 	end
-	local fence = issue_fence(counter)
+	local fence = issue_fence(counter, now)
 	if field then
 		redis.call('HSET', lock, token, fence, field, value)
 	else
@@ -60,10 +65,21 @@ end
 -- another connection while this script waited in a socket buffer, or in
 -- the client's queue), so that the late attempt must take nothing. One
 -- EXISTS of both keys keeps the free path's cost.
-local function acquire(lock, token, ttl, counter, gone, field, value)
+-- The mark lives a lease: an attempt held longer than that (a stalled
+-- connection that delivers at the heal of a partition) would find neither
+-- and take the key for a lease that nobody renews. So the caller also sends
+-- the time after which it no longer waits for the answer, on this server's
+-- clock (deadline, microseconds; '0' or nil: none), and an attempt that runs
+-- later takes nothing, however late: the reply 'LATE <now>' also tells the
+-- caller this server's clock.
+local function acquire(lock, token, ttl, counter, gone, deadline, field, value)
+	local now = clock()
+	if deadline and deadline ~= '0' and (#now > #deadline or (#now == #deadline and now > deadline)) then
+		return redis.error_reply('LATE ' .. now)
+	end
 	local found = redis.call('EXISTS', lock, gone)
 	if found == 0 then
-		return take(lock, token, ttl, counter, field, value)
+		return take(lock, token, ttl, counter, now, field, value)
 	end
 	if found == 2 or redis.call('EXISTS', gone) == 1 then
 		return nil
