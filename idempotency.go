@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -180,57 +181,159 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 // acknowledged by the replicas (`replicas`) is answered, and written again
 // in the background until they acknowledge it: a failover meanwhile
 // promotes a replica that has the request's lock, with its token, and
-// complete.lua stores the outcome there.
+// complete.lua stores the outcome there. A large answer's first try runs
+// in the background too (completeBulk).
 func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, done func()) {
-	retention := time.Duration(h.Idempotency.Retention)
+	if !lost && record.Bulk(resp) && h.completeBulk(ctx, p, resp, done) {
+		return
+	}
+	since := time.Now()
 	err := lock.ErrUnavailable
 	if !lost {
-		err = p.Complete(ctx, resp, retention)
+		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
 	} else {
 		p.Stop()
 	}
-	if errors.Is(err, lock.ErrNotReplicated) {
-		metrics.unacked.inc(writeAnswer)
-		h.releaseWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
-			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
-	}
-	// An answer is tried again past a lock another request holds
-	// (ErrKeyHeld: nothing written) as well: after a Redis pause, the
-	// begin of a duplicate that got 503 can reach Redis first and take
-	// the key; once it is given back, the answer is stored, and a retry
-	// gets it rather than running again. A later run that is real
-	// stores its own answer first (complete.lua never overwrites one).
-	// With replicas, an answer that Redis did not take, or took without
-	// the replicas, may be only on a primary that is failing over: it is
-	// tried again through the failover, and past a lock the promoted
-	// replica holds for a request it refuses for want of replicas.
-	retryFor := max(time.Duration(h.TTL), completeRetryFor)
-	if h.Redis != nil && h.Redis.Replicas > 0 {
-		retryFor = max(retryFor, unackedRetryFor)
-	}
-	if again(err) || errors.Is(err, record.ErrKeyHeld) {
+	h.unacked(p, err)
+	if retried(err) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer done()
-			deadline := time.Now().Add(retryFor)
-			back := h.client.back.next()
-			for pause := time.Duration(0); time.Now().Before(deadline); pause = completeRetryPause {
-				if !again(err) && !errors.Is(err, record.ErrKeyHeld) {
-					break
-				}
-				// The first try at once (a lost lock's answer has
-				// had none); then at once when Redis is back.
-				waitOrBack(back, pause)
-				back = h.client.back.next()
-				err = p.Complete(ctx, resp, retention)
-			}
-			h.stored(p.Lock, resp, lost, err)
+			h.finish(ctx, p, resp, lost, h.retryComplete(ctx, p, resp, err, since))
 		})
 		if started {
 			return
 		}
 	}
 	done()
-	h.stored(p.Lock, resp, lost, err)
+	p.Stop()
+	h.stored(p.Lock, resp, lost, err, nil)
+}
+
+// completeBulk stores a Bulk answer, whose try may take longer than the
+// timeout to reach Redis over a slow link (its bound is its size's,
+// record's tryTimeout), while the lease is renewed beside it: the try
+// runs in the background from the start, and the client's answer waits
+// for it at most the timeout (ReleaseTimeout), as for any answer; the
+// tries go on after that. It reports false when no background work could
+// start (MaxBackground): then the answer is stored as any other.
+func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *record.Response, done func()) bool {
+	tried := make(chan struct{})
+	started := h.locker.Background(ctx, func(ctx context.Context) {
+		defer done()
+		since := time.Now()
+		err := p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
+		close(tried)
+		h.unacked(p, err)
+		if retried(err) {
+			err = h.retryComplete(ctx, p, resp, err, since)
+		}
+		h.finish(ctx, p, resp, false, err)
+	})
+	if !started {
+		return false
+	}
+	if wait := h.locker.Config().ReleaseTimeout; wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-tried:
+		case <-t.C:
+		}
+		return true
+	}
+	<-tried
+	return true
+}
+
+// unacked warns of an answer stored but not acknowledged by the replicas:
+// answered, and written again in the background.
+func (h *Handler) unacked(p *record.Pending, err error) {
+	if errors.Is(err, lock.ErrNotReplicated) {
+		metrics.unacked.inc(writeAnswer)
+		h.releaseWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
+			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
+	}
+}
+
+// retried reports whether a completion whose try ended with err is tried
+// again. An answer is tried again past a lock another request holds
+// (ErrKeyHeld: nothing written) as well: after a Redis pause, the begin of
+// a duplicate that got 503 can reach Redis first and take the key; once it
+// is given back, the answer is stored, and a retry gets it rather than
+// running again. A later run that is real stores its own answer first
+// (complete.lua never overwrites one). With replicas, an answer that Redis
+// did not take, or took without the replicas, may be only on a primary
+// that is failing over: it is tried again through the failover, and past a
+// lock the promoted replica holds for a request it refuses for want of
+// replicas.
+func retried(err error) bool { return again(err) || errors.Is(err, record.ErrKeyHeld) }
+
+// retryComplete tries p's completion again, after a first try that ended
+// with err, until a lease or completeRetryFor (more with replicas) has
+// passed since the first began, and returns the last try's error. A Bulk
+// answer whose try ran out its bound (its size's) while the lease was
+// renewed beside it is not sent again: the link is too slow for it, and
+// every try sends it whole; it is given up (finish).
+func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *record.Response, err error, since time.Time) error {
+	retryFor := max(time.Duration(h.TTL), completeRetryFor)
+	if h.Redis != nil && h.Redis.Replicas > 0 {
+		retryFor = max(retryFor, unackedRetryFor)
+	}
+	deadline := since.Add(retryFor)
+	back := h.client.back.next()
+	bulk := record.Bulk(resp)
+	for pause := time.Duration(0); time.Now().Before(deadline) && retried(err); pause = completeRetryPause {
+		if bulk && timedOut(err) && p.Context().Err() == nil {
+			break
+		}
+		// The first try at once (a lost lock's answer has had none);
+		// then at once when Redis is back.
+		waitOrBack(back, pause)
+		back = h.client.back.next()
+		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
+	}
+	return err
+}
+
+// timedOut reports whether a try ended at its own bound.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// finish ends p's completion in the background, whose last try ended
+// with err: the lock's keep-alive, which went on through the tries, stops.
+// An answer that Redis did not take while the lock was still ours (renewed
+// all along) is given up, and says so: an outcome-unknown record in its
+// place (giveUp).
+func (h *Handler) finish(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, err error) {
+	if errors.Is(err, lock.ErrUnavailable) && p.Context().Err() == nil && resp.Outcome != record.Unknown {
+		h.giveUp(ctx, p, lost, err)
+		return
+	}
+	p.Stop()
+	h.stored(p.Lock, resp, lost, err, nil)
+}
+
+// giveUp stores the outcome-unknown record in place of an answer that
+// could not be stored in its bound (err, its last try's) while p's lock was
+// still held: a link too slow for its size, say. A retry then gets 502
+// outcome-unknown, never a second run. It goes through the checked
+// complete.lua as any answer does, so it is written only where Redis
+// allows: while no other request holds the key; and it is tried again as
+// any answer is.
+func (h *Handler) giveUp(ctx context.Context, p *record.Pending, lost bool, err error) {
+	unknown := h.unknownOutcome()
+	since := time.Now()
+	uerr := p.Complete(ctx, unknown, time.Duration(h.Idempotency.Retention))
+	if retried(uerr) {
+		uerr = h.retryComplete(ctx, p, unknown, uerr, since)
+	}
+	p.Stop()
+	if uerr != nil && !errors.Is(uerr, record.ErrNotStored) {
+		uerr = fmt.Errorf("%w; then outcome-unknown in its place: %w", err, uerr)
+	}
+	h.stored(p.Lock, unknown, lost, uerr, err)
 }
 
 // again reports whether a completion that ended with err is tried again.
@@ -259,8 +362,9 @@ const completeRetryPause = redialInterval
 const unackedRetryFor = 2 * time.Minute
 
 // stored counts and logs the end of a completion of a request whose lock
-// was lost or not.
-func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err error) {
+// was lost or not. gaveUp, when not nil, is why resp, an outcome-unknown
+// record, was stored in the place of the answer (giveUp).
+func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, gaveUp error) {
 	if errors.Is(err, lock.ErrNotReplicated) {
 		// Stored and released on the primary: a failover can lose it.
 		h.releaseWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
@@ -268,6 +372,9 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err er
 	}
 	observeRelease(err)
 	if err != nil {
+		if !errors.Is(err, record.ErrNotStored) || errors.Is(err, record.ErrKeyHeld) {
+			metrics.givenUp.inc(givenUpNone) // not another's answer: nothing stored
+		}
 		h.releaseWarn.warn(h.logger, "storing a response", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
 		return
 	}
@@ -279,8 +386,14 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err er
 			result = resultLost
 		}
 		h.events.emit(eventOutcomeUnknown, lk.Key(), record.Key(lk.Key()), lk.Fence(), result)
-		h.logger.Warn("outcome unknown: a problem response is stored in its place; DELETE it through the admin API (/redis_lock/keys) to let a retry run",
-			zap.String("record_key", record.Key(lk.Key())), zap.Int64("fencing_token", lk.Fence()))
+		msg := "outcome unknown: a problem response is stored in its place; DELETE it through the admin API (/redis_lock/keys) to let a retry run"
+		fields := []zap.Field{zap.String("record_key", record.Key(lk.Key())), zap.Int64("fencing_token", lk.Fence())}
+		if gaveUp != nil {
+			metrics.givenUp.inc(givenUpUnknown)
+			msg = "answer given up: Redis did not take it in time while the lock was held; outcome-unknown is stored in its place (retries get 502); DELETE it through the admin API (/redis_lock/keys) to let a retry run"
+			fields = append(fields, zap.NamedError("answer_error", gaveUp))
+		}
+		h.logger.Warn(msg, fields...)
 	}
 }
 

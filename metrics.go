@@ -24,6 +24,7 @@ var metrics = struct {
 	unacked  labelled
 	unknown  prometheus.Counter
 	settled  labelled
+	givenUp  labelled
 }{}
 
 // labelled is a counter with a result label whose counters for the known
@@ -103,7 +104,17 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "settled_total",
 		Help: "Idempotent requests that waited after Redis came back, so that the answers given while it was away are stored first, by step (waited: before the begin; begun_again: begun as Redis came back, given back and begun again).",
 	}, "step", settleWaited, settleBegunAgain)
+	metrics.givenUp = newLabelledBy(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "answers_given_up_total",
+		Help: "Answers a node could not store in Redis, by the record left in their place (outcome_unknown: Redis did not take the answer in time while the lock was held, and retries get 502; none: nothing stored, and a retry after the lease runs the request again).",
+	}, "record", givenUpUnknown, givenUpNone)
 }
+
+// The records that answers_given_up_total counts.
+const (
+	givenUpUnknown = "outcome_unknown"
+	givenUpNone    = "none"
+)
 
 // The steps that settled_total counts.
 const (
@@ -126,7 +137,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{
-		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec, metrics.unknown, metrics.settled.CounterVec,
+		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec, metrics.unknown, metrics.settled.CounterVec, metrics.givenUp.CounterVec,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {

@@ -25,6 +25,7 @@ type Lock struct {
 	lease    time.Duration // what the keep-alive renews to: ttl, or the last Refresh's
 	timer    *time.Timer   // next renewal, or the deadline when not renewing
 	done     bool          // released or lost: the timer must not be re-armed
+	ending   bool          // the holder's own script deletes the lock (Ending)
 	inflight sync.WaitGroup
 }
 
@@ -152,8 +153,9 @@ func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
 // Stop ends the keep-alive and the lock's Context (cause ErrReleased), and
 // waits for a refresh in flight (it ends with the context), without a call
 // to Redis: for a caller whose own script deletes the lock, such as one that
-// stores the request's outcome in the same step (package record). Release
-// and ReleaseAsync stop the lock this way first.
+// stores the request's outcome in the same step (package record), once Redis
+// has answered it (Ending keeps the lease until then). Release and
+// ReleaseAsync stop the lock this way first.
 func (l *Lock) Stop() {
 	l.mu.Lock()
 	l.done = true
@@ -161,6 +163,20 @@ func (l *Lock) Stop() {
 	l.mu.Unlock()
 	l.cancel(ErrReleased)
 	l.inflight.Wait()
+}
+
+// Ending tells the keep-alive that the holder's own script is deleting the
+// lock (package record's completion, which stores the outcome and releases
+// the lock in one step). The lease is still renewed until Stop, so that it
+// lasts while that script is in flight, however long a large value takes
+// to reach Redis; but from now on a renewal that finds the lock gone ends
+// the keep-alive quietly (cause ErrNotHeld, no OnRenew): the script's
+// delete may have run first, which is no loss. Whether it ran is what the
+// script's own reply says.
+func (l *Lock) Ending() {
+	l.mu.Lock()
+	l.ending = true
+	l.mu.Unlock()
 }
 
 // tick is the keep-alive: refresh, then re-arm for the next interval or, after
@@ -192,7 +208,10 @@ func (l *Lock) tick() {
 	err := l.c.refresh(rctx, l.b, l.key, l.token, ttl)
 	cancel()
 	lease.Stop()
-	if l.c.cfg.OnRenew != nil && l.ctx.Err() == nil {
+	l.mu.Lock()
+	quiet := l.ending && errors.Is(err, ErrNotHeld) // deleted by the holder's script
+	l.mu.Unlock()
+	if l.c.cfg.OnRenew != nil && l.ctx.Err() == nil && !quiet {
 		l.c.cfg.OnRenew(err)
 	}
 	switch {

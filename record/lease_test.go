@@ -29,7 +29,7 @@ func newStoreCounting(t *testing.T, cfg lock.Config) (*Store, *redis.Client, *re
 
 var laterResponse = &Response{Outcome: Replayable, Status: 201, Body: []byte(`{"id":"ch_2"}`)}
 
-// A Complete retried after a first one failed has a stopped lock (its
+// A Complete retried with a stopped lock (a lost lock's answer: its
 // Context says ErrReleased); once its lease has run out, another request
 // may run under the key, and the retry must not store over it.
 func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
@@ -40,7 +40,7 @@ func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale.Stop() // what a first Complete does before Redis fails it
+	stale.Stop() // as for a lost lock's answer, tried in the background
 	time.Sleep(time.Until(stale.Deadline()) + 100*time.Millisecond)
 	later, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
 	if err != nil {

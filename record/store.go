@@ -113,11 +113,18 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 }
 
 // Complete stores resp as the outcome of p's request for retention and
-// releases p's lock; its keep-alive stops first. Like a release it runs detached
-// from ctx's cancellation, bounded by the Client's ReleaseTimeout. It returns
-// ErrNotStored when the outcome was not stored: another was stored first,
-// or p's lease ran out and another request has taken the key since (a
-// holder whose lease ran out never overwrites or pre-empts a later one's).
+// releases p's lock. Like a release it runs detached from ctx's
+// cancellation, bounded by the Client's ReleaseTimeout, and for a Bulk
+// answer by the time its size takes on a slow link too (tryTimeout). The
+// lock's keep-alive goes on while Redis has not answered (lock.Ending), so
+// that the lease outlasts a large answer on its way, and stops once it
+// has; after an ErrUnavailable error it still goes on, for the tries that
+// follow: call Complete again, or Stop or Abandon to give the lock up.
+//
+// It returns ErrNotStored when the outcome was not stored: another was
+// stored first, or p's lease ran out and another request has taken the key
+// since (a holder whose lease ran out never overwrites or pre-empts a later
+// one's).
 // It returns an ErrUnavailable error when Redis did not answer, and an
 // ErrNotReplicated one when the outcome is stored but fewer replicas than
 // the backend waits for acknowledged it in time (a failover may lose it:
@@ -131,9 +138,11 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // waited in its socket buffers when it resumes, its clock past the lease),
 // so no local deadline can tell that unchecked commands would still be
 // safe. One command also keeps the completion in one round trip through
-// the autopipeliner. A Complete retried after a lost reply finds its own
-// record and counts it as stored, so it may be called again after an
-// ErrUnavailable error.
+// the autopipeliner; a Bulk one goes on a connection of its own instead
+// (redisscript's ProcessBulk), so that the renewals and other requests'
+// commands are not queued behind its transfer. A Complete retried after a
+// lost reply finds its own record and counts it as stored, so it may be
+// called again after an ErrUnavailable error.
 //
 // In Redlock mode a completion whose lock is held by its own clock is still
 // the two native commands on each master (mayBeLost): a master where a
@@ -141,13 +150,34 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // every master.
 func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
 	s, lk := p.store, p.Lock
-	native := len(s.nodes) > 1 && !s.mayBeLost(lk)
-	lk.Stop()
-	rctx, cancel := s.c.ReleaseContext(ctx)
-	value := encode(p.fingerprint, resp)
+	c := completion{value: encode(p.fingerprint, resp), retention: retention, bulk: Bulk(resp)}
+	timeout := s.tryTimeout(c.bulk, len(c.value))
+	c.native = len(s.nodes) > 1 && !s.mayBeLost(lk, timeout)
+	lk.Ending()
+	rctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+	if timeout > 0 {
+		rctx, cancel = context.WithTimeout(rctx, timeout)
+	}
+	err := s.complete(rctx, cancel, lk, c)
+	if !errors.Is(err, lock.ErrUnavailable) {
+		lk.Stop() // Redis answered: the lock is deleted, or not ours
+	}
+	return err
+}
+
+// completion is what one try of Complete writes, and how.
+type completion struct {
+	value     []byte
+	retention time.Duration
+	bulk      bool // on a connection of its own (Bulk)
+	native    bool // SET NX GET and HDEL, not complete.lua (Redlock)
+}
+
+// complete is one try of Complete on ctx, which cancel ends.
+func (s *Store) complete(ctx context.Context, cancel context.CancelFunc, lk *lock.Lock, c completion) error {
 	if len(s.nodes) == 1 {
 		defer cancel()
-		stored, err := s.completeOn(rctx, 0, lk, value, retention, false)
+		stored, err := s.completeOn(ctx, 0, lk, &c)
 		switch {
 		case errors.Is(err, errHeld):
 			return ErrKeyHeld
@@ -162,9 +192,10 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 	}
 	// Stored as soon as a majority stored it: a Redlock master that hangs
 	// does not hold the response. The other masters' writes go on until
-	// they answer or ReleaseTimeout passes.
-	stored, errs := quorum.Call(rctx, cancel, len(s.nodes), s.quorum, func(ctx context.Context, i int) (bool, error) {
-		ok, err := s.completeOn(ctx, i, lk, value, retention, native)
+	// they answer or the try's bound passes.
+	rc := c // the closure's, on the heap: not the single node's
+	stored, errs := quorum.Call(ctx, cancel, len(s.nodes), s.quorum, func(ctx context.Context, i int) (bool, error) {
+		ok, err := s.completeOn(ctx, i, lk, &rc)
 		if errors.Is(err, errHeld) {
 			err = nil // a refusal, as a record of another's
 		}
@@ -179,18 +210,60 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 	return ErrNotStored
 }
 
+// BulkSize is the size from which an answer is Bulk.
+const BulkSize = 16 << 10
+
+// Bulk reports whether resp's completion is a bulk one: an answer of
+// BulkSize bytes or more, which Complete sends on a connection of its own,
+// with a bound of its size. Below it, a completion is one command among
+// the others of the autopipeliner, as cheap as a release.
+func Bulk(resp *Response) bool {
+	n := len(resp.Body)
+	for name, vals := range resp.Header {
+		n += len(name)
+		for _, v := range vals {
+			n += len(v)
+		}
+	}
+	return n >= BulkSize
+}
+
+// bulkRate is the slowest link a bulk completion waits for, in bytes a
+// second: 160 KiB get 5s more than ReleaseTimeout.
+const bulkRate = 32 << 10
+
+// maxBulkTimeout caps a bulk completion's try: the key stays in progress
+// (409) meanwhile, and the answer is given up past it (the handler stores
+// outcome-unknown in its place).
+const maxBulkTimeout = 10 * time.Second
+
+// tryTimeout bounds one try of a completion of size bytes: the Client's
+// ReleaseTimeout (0: none), and for a bulk one the time its size takes at
+// bulkRate on top, at most maxBulkTimeout (or ReleaseTimeout when longer).
+// A fixed bound cannot carry a large answer over a slow link (160 KiB at
+// 96 KB/s take 1.7s), and every try cut at it sends the whole answer again;
+// an unbounded one would hold a connection, and the key, for as long as a
+// stalled link lasts. The lease is renewed on other connections meanwhile.
+func (s *Store) tryTimeout(bulk bool, size int) time.Duration {
+	rt := s.c.Config().ReleaseTimeout
+	if !bulk {
+		return rt
+	}
+	return min(rt+time.Duration(size)*time.Second/bulkRate, max(rt, maxBulkTimeout))
+}
+
 // mayBeLost reports whether lk's outcome must be stored the checked way
 // (complete.lua), the one place that decides it: when lk was lost (Redis
 // reported another holder, or its local lease deadline passed unrenewed
 // while it was kept alive), or when less than one call is left before its
 // local lease deadline, or that deadline has passed. The deadline counts
-// after Stop too: a Complete retried in the background after Redis failed
-// has a stopped lock, whose Context says ErrReleased however long ago its
-// lease ran out, and a holder past its lease must never store unchecked,
-// since a later request may have taken the key and be running.
+// after Stop too: a Complete retried in the background may have a stopped
+// lock (a lost lock's answer), whose Context says ErrReleased however long
+// ago its lease ran out, and a holder past its lease must never store
+// unchecked, since a later request may have taken the key and be running.
 //
-// The margin is one call, the Client's CallTimeout (at least its
-// ReleaseTimeout): the native commands may reach Redis that long after
+// The margin is one call, the Client's CallTimeout, or the try's own bound
+// when longer (ReleaseTimeout, more for a Bulk answer): the native commands may reach Redis that long after
 // they are issued (an attempt, then go-redis's retry on a new connection),
 // and they are safe only if Redis runs them while the lease still holds
 // there, which is at or after the local deadline. A smaller margin (the
@@ -199,22 +272,25 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 // commands for a request that completes within a call of its deadline,
 // which renewal (every ttl/3) keeps rare unless ttl is under about 1.5
 // times CallTimeout. With neither timeout set the margin is 0.
-func (s *Store) mayBeLost(lk *lock.Lock) bool {
+func (s *Store) mayBeLost(lk *lock.Lock, try time.Duration) bool {
 	if errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld) {
 		return true
 	}
-	cfg := s.c.Config()
-	margin := max(cfg.CallTimeout, cfg.ReleaseTimeout)
+	margin := max(s.c.Config().CallTimeout, try)
 	return time.Until(lk.Deadline()) <= margin
 }
 
-// completeOn stores value as lk's record on node i and releases lk there,
-// with complete.lua or, when native, SET NX GET and HDEL; it reports
+// completeOn stores c's value as lk's record on node i and releases lk
+// there, with complete.lua or, when native, SET NX GET and HDEL; it reports
 // whether the record is lk's (stored now or by an earlier try).
-func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []byte, retention time.Duration, native bool) (bool, error) {
-	n := s.nodes[i]
-	if !native {
-		cmd, err := redisscript.ConnOf(n).Run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), retention.Milliseconds(), value)
+func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, c *completion) (bool, error) {
+	conn := redisscript.ConnOf(s.nodes[i])
+	if !c.native {
+		run := conn.Run
+		if c.bulk {
+			run = conn.RunBulk
+		}
+		cmd, err := run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), c.retention.Milliseconds(), c.value)
 		if err != nil && !redisscript.Unreplicated(err) {
 			return false, &lock.NodeError{Node: s.names[i], Err: err}
 		}
@@ -224,16 +300,22 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, value []by
 		}
 		return v == 1, err
 	}
-	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), value, "px", retention.Milliseconds(), "nx", "get")
+	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), c.value, "px", c.retention.Milliseconds(), "nx", "get")
 	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()), redisscript.WaitedField(lk.Token()))
-	if err := redisscript.ConnOf(n).ProcessAll(ctx, set, release); err != nil && !errors.Is(err, redis.Nil) {
+	var err error
+	if c.bulk {
+		err = conn.ProcessBulk(ctx, lk.Key(), set, release)
+	} else {
+		err = conn.ProcessAll(ctx, set, release)
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, &lock.NodeError{Node: s.names[i], Err: err}
 	}
 	if release.Val() == 3 {
-		redisscript.ConnOf(n).PublishRelease(ctx, lk.Key())
+		conn.PublishRelease(ctx, lk.Key())
 	}
 	old, err := set.Result()
-	return errors.Is(err, redis.Nil) || old == string(value), nil
+	return errors.Is(err, redis.Nil) || old == string(c.value), nil
 }
 
 // errHeld is completeOn's report of a key another request holds.

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -91,6 +92,9 @@ type Conn struct {
 	repl    *Replication          // scripts wait for replicas, else nil
 	watches chan struct{}         // WatchRelease's subscriptions open
 	clock   clock                 // the server's clock, for acquires' deadlines
+
+	bulkOnce sync.Once
+	bulk     chan struct{} // the bulk calls running (ProcessBulk)
 }
 
 // NewConn returns the Conn of rdb. A deferred autopipeliner

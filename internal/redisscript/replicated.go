@@ -62,6 +62,11 @@ func (c *Conn) runReplicated(ctx context.Context, s Script, keys []string, args 
 	if err != nil {
 		return nil, err
 	}
+	return c.runReplicatedOn(ctx, p, s, keys, args)
+}
+
+// runReplicatedOn is runReplicated on p, a client of the master of keys[0].
+func (c *Conn) runReplicatedOn(ctx context.Context, p redis.Cmdable, s Script, keys []string, args []any) (*redis.Cmd, error) {
 	waitUntil := c.waitDeadline(ctx)
 	cmd, acked, err := c.pipelineWait(ctx, p, waitUntil, evalArgs("evalsha", s.sha, keys, args))
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {

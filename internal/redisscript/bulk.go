@@ -1,0 +1,128 @@
+package redisscript
+
+import (
+	"context"
+	"runtime"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ProcessBulk is ProcessAll for commands that carry a large value (a stored
+// answer): they go as one pipeline on a connection of their own, taken from
+// the pool of the client that sends lone calls (the master of key's slot in
+// a Cluster), not on the autopipeliner's ordered stream. There every
+// command queued behind them, other requests' begins and the renewals that
+// keep the leases, including the one of the lock the value completes,
+// would wait for the value's transfer, seconds on a slow link. Their read
+// and write deadlines are ctx's alone: the client's own timeouts, one
+// fixed bound per read or write, cannot carry a value that takes longer
+// than them to send. At most a quarter of the pool runs such calls at once,
+// so that the lock's own calls always find a connection; the rest wait for
+// their turn until ctx ends. A Conn with no client but an autopipeliner
+// sends them through it (ProcessAll).
+func (c *Conn) ProcessBulk(ctx context.Context, key string, cmds ...redis.Cmder) error {
+	rdb, err := c.bulkClient(ctx, key)
+	if err != nil {
+		return err
+	}
+	if rdb == nil {
+		return c.ProcessAll(ctx, cmds...)
+	}
+	done, err := c.bulkSlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return pipeline(ctx, rdb, cmds)
+}
+
+// RunBulk is Run for a script whose arguments carry a large value: sent
+// as ProcessBulk sends commands, and with its WAIT on a Conn with
+// Replication.
+func (c *Conn) RunBulk(ctx context.Context, s Script, keys []string, args ...any) (*redis.Cmd, error) {
+	if c.repl != nil {
+		rdb, err := c.bulkClient(ctx, keys[0])
+		if err != nil {
+			return nil, err
+		}
+		done, err := c.bulkSlot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+		return c.runReplicatedOn(ctx, rdb, s, keys, args)
+	}
+	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
+	err := c.ProcessBulk(ctx, keys[0], cmd)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
+		err = c.ProcessBulk(ctx, keys[0], cmd)
+	}
+	return cmd, err
+}
+
+// bulkClient is the client a bulk call for key goes on: the one that sends
+// lone calls or a script with its WAIT, on the master of key's slot in a
+// Cluster, with read and write timeouts of what is left of ctx. Nil when
+// c has no client but an autopipeliner.
+func (c *Conn) bulkClient(ctx context.Context, key string) (redis.UniversalClient, error) {
+	rdb := c.bulkBase()
+	if rdb == nil {
+		return nil, nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		rdb = node
+	}
+	if cl, ok := rdb.(*redis.Client); ok {
+		if deadline, ok := ctx.Deadline(); ok {
+			// A clone on the same pool, with other timeouts.
+			return cl.WithTimeout(max(time.Until(deadline), time.Millisecond)), nil
+		}
+	}
+	return rdb, nil
+}
+
+// bulkBase is the client under bulkClient, or nil.
+func (c *Conn) bulkBase() redis.UniversalClient {
+	switch {
+	case c.repl != nil:
+		return c.repl.Direct
+	case c.direct != nil:
+		return c.direct
+	case c.async == nil:
+		return c.rdb
+	}
+	return nil
+}
+
+// bulkSlot waits for one of the bulk calls' turns, at most until ctx ends,
+// and returns what gives it back.
+func (c *Conn) bulkSlot(ctx context.Context) (func(), error) {
+	c.bulkOnce.Do(func() { c.bulk = make(chan struct{}, max(poolSize(c.bulkBase())/4, 1)) })
+	select {
+	case c.bulk <- struct{}{}:
+		return func() { <-c.bulk }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// poolSize is the size of rdb's pool (of each node's, in a Cluster).
+func poolSize(rdb redis.UniversalClient) int {
+	n := 0
+	switch r := rdb.(type) {
+	case *redis.Client:
+		n = r.Options().PoolSize
+	case *redis.ClusterClient:
+		n = r.Options().PoolSize
+	}
+	if n <= 0 {
+		n = 10 * runtime.GOMAXPROCS(0) // go-redis's default
+	}
+	return n
+}
