@@ -248,7 +248,7 @@ func (c *IdempotencyConfig) parseFingerprint(d *caddyfile.Dispenser) error {
 	}
 	for i := 0; i < len(args); i++ {
 		switch args[i] {
-		case "method", "path", "query", "body":
+		case "method", "path", "query", "body", "json":
 			c.Fingerprint = append(c.Fingerprint, args[i])
 		case "header":
 			if i+1 >= len(args) {
@@ -257,7 +257,7 @@ func (c *IdempotencyConfig) parseFingerprint(d *caddyfile.Dispenser) error {
 			i++
 			c.FingerprintHeaders = append(c.FingerprintHeaders, args[i])
 		default:
-			return d.Errf("idempotency: unknown fingerprint part %q (want method, path, query, body or header <name>)", args[i])
+			return d.Errf("idempotency: unknown fingerprint part %q (want method, path, query, body, json or header <name>)", args[i])
 		}
 	}
 	return nil

@@ -179,6 +179,12 @@ func TestValidate(t *testing.T) {
 		{"idempotency header", func(h *Handler) {
 			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, FingerprintHeaders: []string{"Bad Name"}}
 		}, "not a valid header name"},
+		{"idempotency json", func(h *Handler) {
+			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, Fingerprint: []string{"method", "json"}}
+		}, ""},
+		{"idempotency body and json", func(h *Handler) {
+			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, Fingerprint: []string{"body", "json"}}
+		}, "fingerprint body and json both compare the body"},
 		{"replay_cookies without scope", func(h *Handler) {
 			h.Idempotency = &IdempotencyConfig{Retention: 1, MaxResponse: 1, ReplayCookies: true}
 		}, "replay_cookies needs a scope"},

@@ -6,18 +6,20 @@ import (
 	"encoding/hex"
 	"hash"
 	"net/http"
+
+	"github.com/gowebpki/jcs"
 )
 
 // fingerprint is the hex SHA-256 of the parts of r that must match for a
 // replay, each named and length-prefixed, so that no two different requests
 // share one. The path and query are compared as sent, the body byte for
-// byte.
+// byte, or as JSON in its canonical form (canonical, from canonicalJSON).
 //
 // The small parts are appended to one buffer and hashed with one Write: a
 // slice handed to the hash (an interface) escapes, so writing each name,
 // length and value on its own cost an allocation apiece. The body is
 // hashed where it is, not copied: it can be max_body long.
-func (c *IdempotencyConfig) fingerprint(r *http.Request, body []byte) string {
+func (c *IdempotencyConfig) fingerprint(r *http.Request, body, canonical []byte) string {
 	h := sha256.New()
 	buf := make([]byte, 0, 256)
 	for _, part := range c.Fingerprint {
@@ -32,6 +34,10 @@ func (c *IdempotencyConfig) fingerprint(r *http.Request, body []byte) string {
 			buf = appendPrefix(buf, part, len(body))
 			buf = flush(h, buf)
 			h.Write(body)
+		case partJSON:
+			buf = appendPrefix(buf, part, len(canonical))
+			buf = flush(h, buf)
+			h.Write(canonical)
 		}
 	}
 	for _, name := range c.FingerprintHeaders {
@@ -71,4 +77,21 @@ func appendPrefix(b []byte, name string, valueLen int) []byte {
 func flush(h hash.Hash, b []byte) []byte {
 	h.Write(b)
 	return b[:0]
+}
+
+// canonicalJSON is body in the RFC 8785 canonical form (members sorted,
+// numbers as ECMAScript writes them, no insignificant whitespace), when the
+// fingerprint compares the body as JSON: a client that re-serialises its
+// body on a retry (members in another order, 1e3 for 1000) sends the same
+// request. A body that is not JSON, or names a member twice, is
+// errInvalidJSON; no body is no body.
+func (c *IdempotencyConfig) canonicalJSON(body []byte) ([]byte, error) {
+	if !c.fingerprints(partJSON) || len(body) == 0 {
+		return nil, nil
+	}
+	canonical, err := jcs.Transform(body)
+	if err != nil {
+		return nil, errInvalidJSON
+	}
+	return canonical, nil
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -22,7 +23,7 @@ func TestFingerprintStable(t *testing.T) {
 	r.Header.Add("X-Tenant", "a")
 	r.Header.Add("X-Tenant", "b")
 	const want = "9a8217da55414cd95deadd10b52731cc976427eda57875a327c9448ba4132842"
-	if got := c.fingerprint(r, []byte(`{"amount":1299}`)); got != want {
+	if got := c.fingerprint(r, []byte(`{"amount":1299}`), nil); got != want {
 		t.Fatalf("fingerprint %s, want %s: records stored before would no longer match their retries", got, want)
 	}
 }
@@ -56,4 +57,51 @@ func TestIdempotencyMismatch(t *testing.T) {
 	if n := be.executions("k"); n != 1 {
 		t.Fatalf("backend ran k %d times, want once", n)
 	}
+}
+
+// fingerprint json: the body compared by value, in the RFC 8785 canonical
+// form. A retry that re-serialises its body (members in another order,
+// other whitespace, 1e3 for 1000) is replayed; another value is 422; a body
+// that is not JSON, or names a member twice, is 400 invalid-json. The
+// default, body, compares bytes.
+func TestFingerprintJSON(t *testing.T) {
+	t.Parallel()
+	srv, _ := newRedis(t)
+	be := chargeBackend(t)
+	sites := startCaddySites(t, siteOptions{},
+		paySite(srv.Addr, be.hostPort(), storedAnswers("fingerprint method path query json")),
+		paySite(srv.Addr, be.hostPort(), storedAnswers()))
+	byValue, byBytes := sites[0], sites[1]
+	const first = `{"amount":1000,"currency":"eur","meta":{"a":1,"b":[1,2]}}`
+	r := byValue.do("POST", "/pay", first, "Idempotency-Key", "j1")
+	if r.Status != http.StatusCreated {
+		t.Fatalf("first: %s", r)
+	}
+	for _, same := range []string{
+		`{"currency":"eur","amount":1000,"meta":{"b":[1,2],"a":1}}`,
+		"{ \"amount\": 1e3, \"currency\": \"eur\",\n \"meta\": {\"a\": 1.0, \"b\": [1, 2]} }",
+	} {
+		again := byValue.do("POST", "/pay", same, "Idempotency-Key", "j1")
+		if again.Header.Get(replayedHeader) != "true" || again.Body != r.Body {
+			t.Errorf("%s: %s, want the first answer replayed", same, again)
+		}
+	}
+	for _, other := range []string{
+		`{"amount":1001,"currency":"eur","meta":{"a":1,"b":[1,2]}}`,
+		`{"amount":1000,"currency":"eur","meta":{"a":1,"b":[2,1]}}`,
+	} {
+		expectProblem(t, byValue.do("POST", "/pay", other, "Idempotency-Key", "j1"), http.StatusUnprocessableEntity)
+	}
+	for _, bad := range []string{`{"amount":`, `amount=1000`, `{"amount":1,"amount":2}`} {
+		p := expectProblem(t, byValue.do("POST", "/pay", bad, "Idempotency-Key", "j2"), http.StatusBadRequest)
+		if !strings.HasSuffix(p.Type, "#invalid-json") {
+			t.Errorf("%q: %s, want invalid-json", bad, p.Type)
+		}
+	}
+	if n := be.executions("j1", "j2"); n != 1 {
+		t.Errorf("backend ran %d times, want once", n)
+	}
+	// Bytes by default: the reordered body is another request.
+	byBytes.do("POST", "/pay", first, "Idempotency-Key", "b1")
+	expectProblem(t, byBytes.do("POST", "/pay", `{"currency":"eur","amount":1000,"meta":{"a":1,"b":[1,2]}}`, "Idempotency-Key", "b1"), http.StatusUnprocessableEntity)
 }

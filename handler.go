@@ -97,7 +97,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rkey := lock.Key(h.Prefix, scope, key)
 	repl.Set(phKey, rkey)
 	if h.Idempotency != nil {
-		return h.serveIdempotent(w, r, next, repl, rkey, h.Idempotency.fingerprint(r, body))
+		canonical, err := h.Idempotency.canonicalJSON(body)
+		if err != nil {
+			return h.rejectBody(w, r, repl, err)
+		}
+		return h.serveIdempotent(w, r, next, repl, rkey, h.Idempotency.fingerprint(r, body, canonical))
 	}
 	start := time.Now()
 	h.client.hold()

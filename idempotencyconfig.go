@@ -22,10 +22,14 @@ const (
 	partPath   = "path"
 	partQuery  = "query"
 	partBody   = "body"
+	partJSON   = "json" // the body compared as JSON, by value
 )
 
-// fingerprintParts are the parts there are, and the default fingerprint.
+// fingerprintParts are the default fingerprint.
 var fingerprintParts = []string{partMethod, partPath, partQuery, partBody}
+
+// knownParts are the parts there are.
+var knownParts = []string{partMethod, partPath, partQuery, partBody, partJSON}
 
 // IdempotencyConfig configures storing finished responses and replaying
 // them to later requests with the same key.
@@ -33,8 +37,11 @@ type IdempotencyConfig struct {
 	// Retention is how long a finished response is kept. Default: 24h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 	// Fingerprint lists the request parts that must match the stored
-	// request's for a replay (else 422): method, path, query, body.
-	// Default: all four, unless FingerprintHeaders is set alone.
+	// request's for a replay (else 422): method, path, query, and body
+	// (byte for byte) or json (by value: the RFC 8785 canonical form, so a
+	// client that re-serialises its body is the same request; a body that
+	// is not JSON is 400). Default: method, path, query, body, unless
+	// FingerprintHeaders is set alone.
 	Fingerprint []string `json:"fingerprint,omitempty"`
 	// FingerprintHeaders lists request headers that are part of the
 	// fingerprint (Caddyfile: fingerprint header <name>).
@@ -83,9 +90,12 @@ func (c *IdempotencyConfig) validate() error {
 		errs = append(errs, fmt.Errorf("idempotency: max_response must be positive, got %d", c.MaxResponse))
 	}
 	for _, p := range c.Fingerprint {
-		if !slices.Contains(fingerprintParts, p) {
-			errs = append(errs, fmt.Errorf("idempotency: unknown fingerprint part %q (want method, path, query or body)", p))
+		if !slices.Contains(knownParts, p) {
+			errs = append(errs, fmt.Errorf("idempotency: unknown fingerprint part %q (want method, path, query, body or json)", p))
 		}
+	}
+	if slices.Contains(c.Fingerprint, partBody) && slices.Contains(c.Fingerprint, partJSON) {
+		errs = append(errs, errors.New("idempotency: fingerprint body and json both compare the body: name one"))
 	}
 	if _, err := parseStorePolicy(c.Store); err != nil {
 		errs = append(errs, err)

@@ -191,7 +191,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.keyTmpl = parseTemplate(h.Key)
 	h.scopeTmpl = parseTemplate(h.Scope)
 	h.inputs = h.keyTmpl.inputs.merge(h.scopeTmpl.inputs)
-	h.readsBody = len(h.inputs.jsonPaths) > 0 || len(h.inputs.formNames) > 0 || h.Idempotency.fingerprints(partBody)
+	h.readsBody = len(h.inputs.jsonPaths) > 0 || len(h.inputs.formNames) > 0 || h.Idempotency.fingerprints(partBody) || h.Idempotency.fingerprints(partJSON)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
