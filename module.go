@@ -60,7 +60,7 @@ const (
 //     request's record (DEL it to let a retry of an outcome-unknown
 //     request run);
 //   - {http.redis_lock.result}: what happened to the request (the list
-//     of results is in results.go and in the README).
+//     of results is in results.go and in docs/reference.md).
 //
 // The same values label the caddy_redis_lock_requests_total metric.
 type Handler struct {

@@ -21,8 +21,8 @@ const (
 )
 
 // results is the one list of results with their meanings: the metric's help
-// text and its series are made from it, and a test checks that the README
-// documents exactly these.
+// text and its series are made from it, and a test checks that
+// docs/reference.md documents exactly these.
 var results = []struct{ name, meaning string }{
 	{resultAcquired, "lock held, request passed on"},
 	{resultConflict, "409: another request holds the lock"},

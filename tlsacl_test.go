@@ -1,6 +1,6 @@
 package redislock
 
-// The handler as the Redis user the README documents, over TLS with a
+// The handler as the Redis user docs/topologies.md documents, over TLS with a
 // private CA and a client certificate; and what a wrong password or an
 // untrusted server certificate looks like to the client and in the log.
 
@@ -20,7 +20,8 @@ import (
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
-// minimalACL is the README's rule for the lock's Redis user: its key
+// minimalACL is the rule for the lock's Redis user in docs/topologies.md
+// (TestDocsMinimalACL checks that they agree): its key
 // pattern, the commands of its scripts and release, and the lock channels
 // a waiter is woken on.
 const minimalACL = "on resetkeys ~redis_lock:* resetchannels &redis_lock:* -@all " +
