@@ -1,14 +1,13 @@
 package redislock
 
-// The release: before the client's last byte, so that a client that
-// retries the moment it has its answer gets the lock; after an upstream
-// error, a panic in the next handler or a client gone; and a release on a
-// Redis that stopped answering holds the response's end for at most the
-// timeout.
+// The release through Caddy: a client that retries the moment it has its
+// answer gets the lock; after an upstream error or a client gone; and a
+// release on a Redis that stopped answering holds the response's end for
+// at most the timeout. The release before the last byte, after next fails
+// or panics, is in handler_test.go.
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,82 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
-
-func TestReleasedBeforeLastByte(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, nil)
-	key := lock.Key(DefaultPrefix, "", "k1")
-
-	pw := newProbeWriter()
-	var heldAt []bool // per client-side write: was the lock still in Redis?
-	pw.onWrite = func([]byte) { heldAt = append(heldAt, keyExists(t, rdb, key)) }
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		w.Header().Set("Content-Length", "11")
-		w.Write([]byte("hello"))
-		_, err := io.Copy(w, strings.NewReader(" world")) // the ReadFrom path
-		return err
-	})
-	r, repl := unitRequest("POST", "k1", "")
-	if err := h.ServeHTTP(pw, r, next); err != nil {
-		t.Fatal(err)
-	}
-	if pw.body.String() != "hello world" {
-		t.Fatalf("body %q", pw.body.String())
-	}
-	if len(heldAt) < 2 || !heldAt[0] || heldAt[len(heldAt)-1] {
-		t.Fatalf("lock held at each client write = %v: want held for all but the last, released before it", heldAt)
-	}
-	if res, _ := repl.GetString(phResult); res != resultAcquired {
-		t.Errorf("result %q", res)
-	}
-	if got, _ := repl.GetString(phKey); got != key {
-		t.Errorf("{http.redis_lock.key} = %q, want the hashed key %q", got, key)
-	}
-}
-
-func TestReleasedWhenNextFailsOrPanics(t *testing.T) {
-	srv, rdb := newRedis(t)
-	h := unitHandler(t, srv.Addr, nil)
-	key := lock.Key(DefaultPrefix, "", "k3")
-	boom := errors.New("upstream failed")
-
-	// An error that does not say no backend was reached leaves the outcome
-	// unknown: 502 outcome-unknown, as in idempotency mode.
-	r, _ := unitRequest("POST", "k3", "")
-	pw := newProbeWriter()
-	err := h.ServeHTTP(pw, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return boom }))
-	if err != nil || pw.status != http.StatusBadGateway || !strings.Contains(pw.body.String(), "outcome-unknown") || keyExists(t, rdb, key) {
-		t.Fatalf("err %v, status %d, lock left %v: want 502 outcome-unknown and the lock released", err, pw.status, keyExists(t, rdb, key))
-	}
-	// One that says so passes on as it is.
-	r, _ = unitRequest("POST", "k3", "")
-	refused := caddyhttp.Error(http.StatusServiceUnavailable, boom)
-	err = h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return refused }))
-	if !errors.Is(err, boom) || keyExists(t, rdb, key) {
-		t.Fatalf("err %v, lock left %v: want next's error and the lock released", err, keyExists(t, rdb, key))
-	}
-
-	r, _ = unitRequest("POST", "k3", "")
-	func() {
-		defer func() {
-			if p := recover(); p != "handler panic" {
-				t.Errorf("recovered %v, want next's panic re-raised", p)
-			}
-		}()
-		h.ServeHTTP(newProbeWriter(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
-			w.Write([]byte("x"))
-			panic("handler panic")
-		}))
-	}()
-	if keyExists(t, rdb, key) {
-		t.Fatal("lock left in Redis after a panic in next")
-	}
-}
 
 func TestImmediateRetryAfterResponse(t *testing.T) {
 	t.Parallel()
