@@ -250,7 +250,7 @@ func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *rec
 func (h *Handler) unacked(p *record.Pending, err error) {
 	if errors.Is(err, lock.ErrNotReplicated) {
 		metrics.unacked.inc(writeAnswer)
-		h.releaseWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
+		h.unackedWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
 			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
 	}
 }
@@ -367,7 +367,7 @@ const unackedRetryFor = 2 * time.Minute
 func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, gaveUp error) {
 	if errors.Is(err, lock.ErrNotReplicated) {
 		// Stored and released on the primary: a failover can lose it.
-		h.releaseWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
+		h.unackedWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
 		err = nil
 	}
 	observeRelease(err)
@@ -375,7 +375,7 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, g
 		if !errors.Is(err, record.ErrNotStored) || errors.Is(err, record.ErrKeyHeld) {
 			metrics.givenUp.inc(givenUpNone) // not another's answer: nothing stored
 		}
-		h.releaseWarn.warn(h.logger, "storing a response", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
+		h.storeWarn.warn(h.logger, "storing a response", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
 		return
 	}
 	metrics.stored.Observe(float64(encodedSize(resp)))

@@ -158,8 +158,10 @@ type Handler struct {
 	keyTmpl     template
 	scopeTmpl   template
 	inputs      keyInputs // what the key and scope read from a request
-	unavailable *rateLimitedWarn
-	releaseWarn *rateLimitedWarn
+	unavailable *rateLimitedWarn // Redis unavailable: 503 or fail_open
+	releaseWarn *rateLimitedWarn // a release or a give-up that failed
+	storeWarn   *rateLimitedWarn // an answer that could not be stored
+	unackedWarn *rateLimitedWarn // an answer the replicas did not acknowledge
 	events      *events
 	holds       *holdTimes // for Retry-After
 	redisMode   string     // resolved: for the admin API's list
@@ -180,7 +182,10 @@ func (*Handler) CaddyModule() caddy.ModuleInfo {
 // It never contacts Redis, so `caddy validate` works while Redis is down.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	// A rate limiter per kind of warning: one kind's flood must not
+	// silence another.
 	h.unavailable, h.releaseWarn = new(rateLimitedWarn), new(rateLimitedWarn)
+	h.storeWarn, h.unackedWarn = new(rateLimitedWarn), new(rateLimitedWarn)
 	ev, err := newEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("redis_lock: the events app: %w", err)

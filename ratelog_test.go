@@ -110,3 +110,21 @@ func requireFewDials(t *testing.T, h *Handler, addrs ...string) {
 		t.Fatalf("%d connections for 200 requests with a wrong password, want a few", n)
 	}
 }
+
+// Each kind of warning has its own rate limiter: a flood of one (Redis
+// unavailable) does not silence another (an answer not stored).
+func TestWarningKindsAreLimitedApart(t *testing.T) {
+	srv, _ := newRedis(t)
+	h := unitHandler(t, srv.Addr, nil) // provisioned: its limiters as Provision makes them
+	core, logs := observer.New(zap.WarnLevel)
+	l := zap.New(core)
+	kinds := []*rateLimitedWarn{h.unavailable, h.releaseWarn, h.storeWarn, h.unackedWarn}
+	for i, w := range kinds {
+		for range 10 {
+			w.warn(l, "kind "+strconv.Itoa(i))
+		}
+	}
+	if got := logs.Len(); got != len(kinds) {
+		t.Fatalf("%d warnings from %d kinds, 10 each, within the interval: want one a kind", got, len(kinds))
+	}
+}
