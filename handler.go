@@ -197,7 +197,15 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 	nextErr := next.ServeHTTP(q.hw, req)
 
 	lost, cause := q.lost()
-	release(lost)
+	unknown := !lost && !q.hw.started && q.unanswered(nextErr)
+	if unknown {
+		// The connection broke, not necessarily the backend's work: it may
+		// still be charging. The lock is left to its lease rather than
+		// released, so that a duplicate does not run beside it.
+		q.giveBack(func(done func()) { lk.Stop(); done() })
+	} else {
+		release(lost)
+	}
 	if lost {
 		h.lockLost(lk, cause)
 	}
@@ -208,7 +216,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 		// next's error is the cancellation this handler caused.
 		q.count(resultLost)
 		return q.close(h.writeProblem(q.hw, problemLockLost))
-	case !q.hw.started && q.unanswered(nextErr):
+	case unknown:
 		// Whatever status reverse_proxy gives it (a reset, a timeout, a
 		// stopped second sending), the request may have run: a retry
 		// must not charge again unseen.

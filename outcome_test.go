@@ -207,7 +207,7 @@ func TestIdempotencyOutlivesClient(t *testing.T) {
 // Outcome unknown in lock mode too: a request written to the backend that
 // got no answer is 502 outcome-unknown with Stripe-Should-Retry: false,
 // whatever its body (a form, JSON, none), which Go's transport could or
-// could not have sent again.
+// could not have sent again; its lock is left to its lease.
 func TestLockOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
@@ -227,6 +227,11 @@ func TestLockOutcomeUnknown(t *testing.T) {
 		}
 		if n := be.executions(key); n != 1 {
 			t.Errorf("%s body: backend ran %d times, want once", body.name, n)
+		}
+		// The backend may still be charging: the lock is left to its
+		// lease, and a duplicate meanwhile gets 409.
+		if d := s.do("POST", "/pay/reset", body.body, "Idempotency-Key", key, "Content-Type", body.ctype); d.Status != http.StatusConflict {
+			t.Errorf("%s body: a duplicate after the unknown outcome: %s, want 409 while the lease lasts", body.name, d)
 		}
 	}
 	// Never reached (nothing listens): Caddy's own 502, which a retry may
