@@ -72,8 +72,10 @@ demo:
 
 # chaos: three Caddy nodes (processes), one Redis (AOF), SDK-like clients and
 # a recording backend under scheduled faults, then the same on a Sentinel pair
-# with replicas 1 under failovers; checks the records, exits 1 on a violation
-# (SEED=n another schedule; LOCK_ONLY=1 without idempotency, fails).
+# with replicas 1 under failovers, then network faults through toxiproxy
+# (installed from the Go module proxy as a tool); checks the records, exits 1
+# on a violation (SEED=n another schedule; LOCK_ONLY=1 without idempotency,
+# fails; ARGS='-phase network' one phase).
 chaos: redis
 	SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' $(GO) run ./cmd/chaos $(ARGS)
 

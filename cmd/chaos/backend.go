@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -25,6 +26,7 @@ type execution struct {
 	Fence    int64  // parsed; 0 when absent or not a positive integer
 	Start    time.Time
 	End      time.Time
+	Large    bool   // asked for the receipt: a large answer
 	Status   int    // what it answered; 0 when it dropped the connection instead
 	Body     []byte // the exact bytes it answered; nil when dropped
 	WriteErr string // the answer could not be written (the node was gone)
@@ -128,7 +130,7 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(raw, &params)
 	node, _ := strconv.Atoi(r.Header.Get("X-Chaos-Node"))
 	e := &execution{Key: r.Header.Get("Idempotency-Key"), Node: node,
-		FenceRaw: r.Header.Get("Fencing-Token"), Start: time.Now()}
+		FenceRaw: r.Header.Get("Fencing-Token"), Start: time.Now(), Large: r.URL.Query().Get("expand[]") == "receipt"}
 	if f, err := strconv.ParseInt(e.FenceRaw, 10, 64); err == nil && f > 0 {
 		e.Fence = f
 	}
@@ -161,6 +163,9 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	body := chargeBody(e, bh.Status, params)
+	if e.Large && bh.Status == http.StatusOK {
+		body = withReceipt(body, e)
+	}
 	b.mu.Lock()
 	e.Status, e.Body = bh.Status, body
 	b.mu.Unlock()
@@ -203,6 +208,28 @@ func chargeBody(e *execution, status int, p chargeParams) []byte {
 	}
 	body, _ := json.Marshal(v)
 	return append(body, '\n')
+}
+
+// largeAnswer is about the size of a charge's answer with its receipt:
+// the network phase's slow link (96 KB/s) takes 1.7s to carry it, more
+// than what is left of a 2s lease after its last renewal (every ttl/3);
+// less than the plugin's default max_response (1MiB), so that it is stored.
+const largeAnswer = 160 << 10
+
+// withReceipt adds a receipt to a charge's answer, naming e on every line,
+// so that it is about largeAnswer bytes and its bytes are e's alone.
+func withReceipt(body []byte, e *execution) []byte {
+	var receipt strings.Builder
+	for n := 0; receipt.Len() < largeAnswer-len(body)-64; n++ {
+		fmt.Fprintf(&receipt, "%s receipt line %05d: 1 x charge, card ending 4242, authorised;", e.ID, n)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(body, &v); err != nil {
+		return body
+	}
+	v["receipt"] = receipt.String()
+	out, _ := json.Marshal(v)
+	return append(out, '\n')
 }
 
 // executions returns a copy of the records, in the order they began.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -43,7 +44,8 @@ type windows struct {
 	// machine.
 	tryInterval time.Duration
 	empty       []faultEvent // Redis restarted empty: locks and records lost
-	outages     []faultEvent // Redis paused or down, then back with its data
+	outages     []faultEvent // Redis paused or down, or every node's link to it dead or held, then back with its data
+	cuts        []faultEvent // some nodes cut off from Redis, the others not
 }
 
 func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
@@ -55,8 +57,13 @@ func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
 		switch f.Kind {
 		case redisRestartEmpty:
 			w.empty = append(w.empty, f)
-		case redisPause, redisKillAOF:
+		case redisPause, redisKillAOF, netRedisBlackHole, netRedisHold:
+			// A black hole or a hold on every node's link is Redis away for
+			// all of them, as a pause is: a hold delivers at the heal what
+			// waited, as a paused Redis runs what waited in its buffers.
 			w.outages = append(w.outages, f)
+		case netRedisPartition:
+			w.cuts = append(w.cuts, f)
 		}
 	}
 	return w
@@ -70,9 +77,13 @@ func (w windows) emptyEnd(f faultEvent) time.Time { return f.Return.Add(w.ttl + 
 // whyTryInterval is the excuse of a re-run just after Redis came back.
 const whyTryInterval = "re-runs within a try's interval of Redis's return"
 
+// whyCut is the excuse of a re-run after an answer given by a node cut off
+// from Redis while the others were not.
+const whyCut = "re-runs after an answer by a node cut off from Redis"
+
 // rerunExcused says whether an execution starting at start, after an
-// answer delivered at delivered, falls in a documented window.
-func (w windows) rerunExcused(delivered, start time.Time) string {
+// answer delivered at delivered by node, falls in a documented window.
+func (w windows) rerunExcused(delivered time.Time, node int, start time.Time) string {
 	for _, f := range w.empty {
 		if delivered.Before(f.Return) && start.After(f.Start) {
 			return "re-runs after an empty restart"
@@ -86,7 +97,22 @@ func (w windows) rerunExcused(delivered, start time.Time) string {
 			return whyTryInterval
 		}
 	}
+	for _, f := range w.cuts {
+		if w.cutCovers(f, delivered, node, start) {
+			return whyCut
+		}
+	}
 	return ""
+}
+
+// cutCovers says whether an answer that node gave at delivered, while f cut
+// it off from Redis, may be run again at start: the answer could not be
+// stored, the holder's lease ran out in Redis, and the nodes that still
+// reach it may take the key, until a try's interval after the heal, when
+// the holder's completion has got through.
+func (w windows) cutCovers(f faultEvent, delivered time.Time, node int, start time.Time) bool {
+	return slices.Contains(f.Nodes, node) && !delivered.Before(f.Start) && !delivered.After(f.Return) &&
+		!start.Before(f.Start) && start.Before(f.Return.Add(w.tryInterval))
 }
 
 // afterReturn says whether t is within a try's interval of Redis's return
@@ -301,11 +327,13 @@ func check(rec runRecord) ([]violation, excusals) {
 			ds := deliveries[k]
 			sort.Slice(ds, func(i, j int) bool { return ds[i].End.Before(ds[j].End) })
 			why := ""
+			var excuser attempt
 			for _, d := range ds {
 				if !d.End.Before(b.Start) {
 					break
 				}
-				if why = w.rerunExcused(d.End, b.Start); why != "" {
+				if why = w.rerunExcused(d.End, d.Node, b.Start); why != "" {
+					excuser = d
 					continue
 				}
 				what := "its answer"
@@ -314,6 +342,9 @@ func check(rec runRecord) ([]violation, excusals) {
 					what = "a replay"
 				case d.ExecID == "":
 					what = "outcome-unknown"
+				}
+				if byID[d.ExecID].Large {
+					what += " (a large answer)"
 				}
 				add(checkRerun, k, "%s ran (node %d, %s, fence %d) after client %d attempt %d got %s at %s (status %d, %s, node %d)",
 					b.ID, b.Node, at(b.Start), b.Fence, d.Client, d.N, what, at(d.End), d.Status, orNone(d.ExecID), d.Node)
@@ -327,6 +358,16 @@ func check(rec runRecord) ([]violation, excusals) {
 						if w.afterReturn(f, b.Start) {
 							excused.Details = append(excused.Details, fmt.Sprintf("%s of key %s (node %d) began %v after Redis's return from %s at %s",
 								b.ID, k, b.Node, b.Start.Sub(f.Return).Round(time.Millisecond), f.Kind, at(f.Return)))
+						}
+					}
+				}
+				if why == whyCut {
+					for _, f := range w.cuts {
+						if w.cutCovers(f, excuser.End, excuser.Node, b.Start) {
+							excused.Details = append(excused.Details, fmt.Sprintf("%s of key %s (node %d) began at %s, %v after the cut of nodes %v, %v before its heal; client %d had its answer from node %d at %s (%s)",
+								b.ID, k, b.Node, at(b.Start), b.Start.Sub(f.Start).Round(time.Millisecond), f.Nodes,
+								f.Return.Sub(b.Start).Round(time.Millisecond), excuser.Client, excuser.Node, at(excuser.End), orNone(excuser.ExecID)))
+							break
 						}
 					}
 				}

@@ -64,6 +64,8 @@ func TestChecks(t *testing.T) {
 	bad.Body = []byte(`{"execution_id":"ex_1","x":1}`)
 	slow := answer(0, e1, false, 0, 100)
 	slow.End = ms(100).Add(attemptBound(time.Second))
+	cut := faultEvent{Kind: netRedisPartition, Nodes: []int{0, 2}, Start: ms(50), Back: ms(240), Return: ms(250)}
+	fromNode := func(a attempt, node int) attempt { a.Node = node; return a }
 	gaveUp := clientResult{Key: "k", Client: 2, Attempts: []attempt{{Key: "k", Client: 2, Status: 409, Start: ms(10), End: ms(20)}}}
 
 	tests := []struct {
@@ -132,6 +134,34 @@ func TestChecks(t *testing.T) {
 		{name: "answered before Redis went away, run again at its return",
 			rec: runRecord{Execs: []execution{ex("ex_1", 10, 0, 30), ex("ex_2", 20, 260, 400)}, Clients: clients(answer(0, ex("ex_1", 10, 0, 30), false, 0, 40)),
 				Faults: []faultEvent{outage}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkRerun: 1}},
+		{name: "answered by a node cut off from Redis, run again on another during the cut",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 200, 400)}, Clients: clients(fromNode(answer(0, e1, false, 0, 101), 2)),
+				Faults: []faultEvent{cut}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{}, excused: 1},
+		{name: "answered by a node cut off from Redis, run again within a try's interval of the heal",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 500, 600)}, Clients: clients(answer(0, e1, false, 0, 101)),
+				Faults: []faultEvent{cut}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{}, excused: 1},
+		{name: "answered by a node cut off from Redis, run again later",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 600, 700)}, Clients: clients(answer(0, e1, false, 0, 101)),
+				Faults: []faultEvent{cut}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkRerun: 1}},
+		{name: "answered by a node that still reached Redis, run again during a cut of others",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 200, 400)}, Clients: clients(fromNode(answer(0, e1, false, 0, 101), 1)),
+				Faults: []faultEvent{cut}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkRerun: 1}},
+		{name: "answered by a cut-off node before the cut, run again during it",
+			rec: runRecord{Execs: []execution{ex("ex_1", 10, 0, 30), ex("ex_2", 20, 200, 400)}, Clients: clients(answer(0, ex("ex_1", 10, 0, 30), false, 0, 40)),
+				Faults: []faultEvent{cut}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkRerun: 1}},
+		{name: "answered while every node's link was held, run again at the heal",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 245, 400)}, Clients: clients(answer(0, e1, false, 0, 101)),
+				Faults: []faultEvent{{Kind: netRedisHold, Nodes: []int{0, 1, 2}, Start: ms(50), Back: ms(240), Return: ms(250)}}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{}, excused: 1},
+		{name: "answered during a slow link, run again: no window",
+			rec: runRecord{Execs: []execution{e1, ex("ex_2", 20, 245, 400)}, Clients: clients(answer(0, e1, false, 0, 101)),
+				Faults: []faultEvent{{Kind: netRedisSlow, Nodes: []int{0, 1, 2}, Start: ms(50), Back: ms(240), Return: ms(250)}}, Timeout: 100 * time.Millisecond},
 			want: map[string]int{checkRerun: 1}},
 		{name: "answered, Redis restarted empty, run again",
 			rec:     runRecord{Execs: []execution{e1, e2}, Clients: clients(answer(0, e1, false, 0, 101)), Faults: []faultEvent{empty}, TTL: time.Second},

@@ -22,6 +22,7 @@ import (
 // (a double click, a queue's redelivery, a late retry by a job).
 type keyPlan struct {
 	Key     string
+	Path    string // /v1/charges, or with ?expand[]=receipt for a large answer
 	Body    []byte
 	At      time.Duration // after the traffic starts
 	Clients []clientPlan
@@ -46,12 +47,22 @@ const (
 	retryAfterCap  = 2 * time.Second // Retry-After is honoured up to this
 )
 
-// planKeys draws count payments spread over spread from rng.
-func planKeys(rng *rand.Rand, count int, spread, ttl time.Duration) []keyPlan {
+// The charge route, and the same asking for the receipt: a large answer
+// (largeAnswer bytes).
+const (
+	chargePath      = "/v1/charges"
+	largeChargePath = chargePath + "?expand[]=receipt"
+)
+
+// planKeys draws count payments spread over spread from rng; unless large
+// is nil, a payment starting at at asks for a large answer with the
+// chance large(at) (nothing more is drawn when it is nil, so that the
+// other phases' plans stay as they were for a seed).
+func planKeys(rng *rand.Rand, count int, spread, ttl time.Duration, large func(at time.Duration) float64) []keyPlan {
 	maxDelay := maxBackendDelay(ttl)
 	plans := make([]keyPlan, count)
 	for i := range plans {
-		kp := keyPlan{Key: fmt.Sprintf("pay_%05d", i+1), At: time.Duration(rng.Int64N(int64(spread)))}
+		kp := keyPlan{Key: fmt.Sprintf("pay_%05d", i+1), Path: chargePath, At: time.Duration(rng.Int64N(int64(spread)))}
 		body, _ := json.Marshal(chargeParams{Amount: 100 + rng.IntN(100000), Currency: "usd",
 			Source: "tok_visa", Description: "order " + kp.Key})
 		kp.Body = body
@@ -77,6 +88,9 @@ func planKeys(rng *rand.Rand, count int, spread, ttl time.Duration) []keyPlan {
 		if rng.Float64() < 0.4 {
 			kp.Clients = append(kp.Clients, clientPlan{Patient: true, Timeout: patientTimeout, Late: true,
 				Delay: 2*maxDelay + time.Duration(rng.Int64N(int64(3*time.Second)))})
+		}
+		if large != nil && rng.Float64() < large(kp.At) {
+			kp.Path = largeChargePath
 		}
 		plans[i] = kp
 	}
@@ -222,7 +236,7 @@ func (t *traffic) attempt(ctx context.Context, kp keyPlan, ci int, cp clientPlan
 	a := attempt{Key: kp.Key, Client: ci, N: n, Node: node, Patient: cp.Patient, Start: time.Now()}
 	actx, cancel := context.WithTimeout(ctx, cp.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, t.nodes[node]+"/v1/charges", bytes.NewReader(kp.Body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, t.nodes[node]+kp.Path, bytes.NewReader(kp.Body))
 	if err != nil {
 		a.Err, a.End = err.Error(), time.Now()
 		return a

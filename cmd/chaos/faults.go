@@ -32,9 +32,11 @@ var (
 
 // plannedFault is one fault of the schedule.
 type plannedFault struct {
-	Kind faultKind
-	At   time.Duration // after the traffic starts
-	Node int           // node-kill, node-reload
+	Kind  faultKind
+	At    time.Duration // after the traffic starts
+	Node  int           // node-kill, node-reload
+	Nodes []int         // a network fault's nodes
+	For   time.Duration // how long a network fault lasts
 }
 
 // planFaults is the schedule: each kind rounds times (node kills and
@@ -64,6 +66,7 @@ func planFaults(rng *rand.Rand, of []faultKind, rounds, nodes int, start, minGap
 type faultEvent struct {
 	Kind   faultKind
 	Node   int
+	Nodes  []int     // the nodes whose links a network fault was on
 	Start  time.Time // the signal, or the reload's start
 	Return time.Time // Redis answers again, the node listens again, the reload returned
 	// Back is when Redis could first answer again: SIGCONT or the restart
@@ -78,9 +81,11 @@ type faultEvent struct {
 type injector struct {
 	redis    *chaosRedis    // the full scenario's
 	sentinel *chaosSentinel // the failover phase's
+	net      *network       // the network phase's
 	nodes    []*node
 	backend  *backend
 	ttl      time.Duration
+	timeout  time.Duration // Redis command timeout in the nodes
 	reloads  int
 }
 
@@ -111,6 +116,8 @@ func (in *injector) run(ctx context.Context, t0 time.Time, plan []plannedFault) 
 			err = in.reload(ctx, &ev)
 		case sentinelFailover:
 			err = in.failover(ctx, &ev)
+		default:
+			err = in.network(ctx, &ev, f)
 		}
 		if err != nil {
 			ev.Err = err.Error()

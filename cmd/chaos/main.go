@@ -10,7 +10,10 @@
 // increase; every client gets a definite answer in bounded time; nothing in
 // progress is left in Redis. It prints a summary and exits 1 on any
 // violation. SEED=n changes the schedule; LOCK_ONLY=1 drops the idempotency
-// block, which must make it fail.
+// block, which must make it fail. Its phases: the full scenario, the
+// failover phase on a Sentinel pair, and the network phase, with toxiproxy
+// (installed with go install, see toxiproxy.go) between each node and Redis
+// and the backend (network.go).
 package main
 
 import (
@@ -36,6 +39,9 @@ type scenario struct {
 	Seed        uint64
 	LockOnly    bool
 	Failover    bool        // Redis is a Sentinel-managed pair with replicas 1; the faults are failoverKinds
+	Network     bool        // toxiproxy between the nodes and Redis and the backend; the faults are networkKinds
+	Large       float64     // the share of payments whose answer is large (largeAnswer bytes)
+	LargeSlow   float64     // the same for payments that start around a slow link (network phase)
 	Kinds       []faultKind // the faults, each FaultRounds times
 	Nodes       int
 	TTL         time.Duration
@@ -68,6 +74,16 @@ func failoverScenario(seed uint64) scenario {
 		FaultRounds: 1, FaultStart: 4 * time.Second, MinGap: 4 * time.Second, MaxGap: 6 * time.Second}
 }
 
+// networkScenario is `make chaos`'s third phase: toxiproxy between each
+// node and Redis and between each node and the backend, and faults on those
+// links (latency, black holes, holds, a partial partition, resets, a slow
+// link), each once; about two minutes.
+func networkScenario(seed uint64) scenario {
+	return scenario{Name: "network", Seed: seed, Network: true, Nodes: 3, TTL: 2 * time.Second, Timeout: 300 * time.Millisecond,
+		Keys: 800, Spread: 90 * time.Second, Kinds: networkKinds, FaultRounds: 1, FaultStart: 4 * time.Second,
+		MinGap: 2 * time.Second, MaxGap: 3500 * time.Millisecond, Large: 0.1, LargeSlow: 0.3}
+}
+
 // shortScenario runs in `make test`: seconds, one fault of each kind.
 func shortScenario(seed uint64) scenario {
 	return scenario{Name: "short", Seed: seed, Nodes: 2, TTL: time.Second, Timeout: 200 * time.Millisecond,
@@ -96,9 +112,9 @@ func main() {
 		seed = n
 	}
 	short := flag.Bool("short", false, "the short scenario of `make test` instead of the full one")
-	phase := flag.String("phase", "all", "all: the full scenario, then the failover phase; full; failover")
+	phase := flag.String("phase", "all", "all: the full scenario, the failover phase, then the network phase; full; failover; network")
 	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
-	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data)")
+	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data, records.json)")
 	scrapeTo := flag.String("scrape", "", "write node 0's /metrics, scraped twice a second, and the faults to this file (a phase's name is added before the extension); go run ./cmd/metricsplot draws them")
 	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
 	flag.Parse()
@@ -110,10 +126,12 @@ func main() {
 		scs = []scenario{fullScenario(seed)}
 	case *phase == "failover":
 		scs = []scenario{failoverScenario(seed)}
+	case *phase == "network":
+		scs = []scenario{networkScenario(seed)}
 	case *phase == "all":
-		scs = []scenario{fullScenario(seed), failoverScenario(seed)}
+		scs = []scenario{fullScenario(seed), failoverScenario(seed), networkScenario(seed)}
 	default:
-		fmt.Fprintln(os.Stderr, "chaos: -phase is all, full or failover, not", *phase)
+		fmt.Fprintln(os.Stderr, "chaos: -phase is all, full, failover or network, not", *phase)
 		os.Exit(2)
 	}
 
@@ -185,7 +203,20 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 	defer be.Close()
 	cfg.Backend = be.Addr
-	nodes, err := startNodes(bin, dir, sc.Nodes, cfg)
+	var nw *network
+	var links func(i int, c *nodeConfig)
+	if sc.Network {
+		if rds == nil {
+			return nil, fmt.Errorf("the network phase runs on one Redis, not on Sentinels")
+		}
+		if nw, err = startNetwork(ctx, dir, sc.Nodes, rds.Addr, be.Addr, progress); err != nil {
+			return nil, err
+		}
+		defer nw.Close()
+		links = func(i int, c *nodeConfig) { c.Redis, c.Backend = nw.redis[i], nw.backend[i] }
+		redisDesc += ", each node through toxiproxy " + toxiproxyVersion + " to it and to the backend"
+	}
+	nodes, err := startNodes(bin, dir, sc.Nodes, cfg, links)
 	if err != nil {
 		return nil, err
 	}
@@ -196,8 +227,17 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 
 	rng := rand.New(rand.NewPCG(sc.Seed, 0x6368616f73)) // "chaos"
-	plans := planKeys(rng, sc.Keys, sc.Spread, sc.TTL)
-	schedule := planFaults(rng, sc.Kinds, sc.FaultRounds, sc.Nodes, sc.FaultStart, sc.MinGap, sc.MaxGap)
+	var plans []keyPlan
+	var schedule []plannedFault
+	if sc.Network {
+		// The faults first: the payments around the slow link ask for
+		// large answers more often.
+		schedule = planNetworkFaults(rng, sc.Kinds, sc.Nodes, sc.TTL, sc.Timeout, sc.FaultStart, sc.MinGap, sc.MaxGap)
+		plans = planKeys(rng, sc.Keys, sc.Spread, sc.TTL, largeShare(schedule, sc.TTL, sc.Large, sc.LargeSlow))
+	} else {
+		plans = planKeys(rng, sc.Keys, sc.Spread, sc.TTL, nil)
+		schedule = planFaults(rng, sc.Kinds, sc.FaultRounds, sc.Nodes, sc.FaultStart, sc.MinGap, sc.MaxGap)
+	}
 	mode := "idempotency"
 	if sc.LockOnly {
 		mode = "lock only (no idempotency block)"
@@ -212,7 +252,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		scraped = make(chan error, 1)
 		go func() { scraped <- scrapeMetrics(sc.Scrape, nodes[0].cfg.Admin, t0, stopScrape) }()
 	}
-	in := &injector{redis: rds, sentinel: sen, nodes: nodes, backend: be, ttl: sc.TTL}
+	in := &injector{redis: rds, sentinel: sen, net: nw, nodes: nodes, backend: be, ttl: sc.TTL, timeout: sc.Timeout}
 	faultsDone := make(chan []faultEvent, 1)
 	go func() { faultsDone <- in.run(ctx, t0, schedule) }()
 	results := newTraffic(sc.Seed, urls).run(ctx, t0, plans)
@@ -261,6 +301,11 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
 		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, End: end}
 	o.Violations, o.Excused = check(o.Record)
+	if !sc.Discard && (sc.Keep || len(o.Violations) > 0) {
+		if err := writeRecords(filepath.Join(dir, "records.json"), o.Record); err != nil {
+			return o, err
+		}
+	}
 	o.Took = time.Since(began)
 	return o, nil
 }
@@ -291,10 +336,13 @@ func writeSummary(w io.Writer, o *outcome) {
 			}
 		}
 	}
-	dropped, notProc := 0, 0
+	dropped, notProc, large := 0, 0, 0
 	keys := map[string]int{}
 	for _, e := range rec.Execs {
 		keys[e.Key]++
+		if e.Large {
+			large++
+		}
 		if e.Body == nil {
 			dropped++
 		} else if notProcessed(e.Status) {
@@ -322,7 +370,7 @@ func writeSummary(w io.Writer, o *outcome) {
 		if f.Err != "" {
 			errText = " ERROR: " + f.Err
 		}
-		fmt.Fprintf(w, "  +%6.2fs %-20s %s%s\n", f.Start.Sub(t0).Seconds(), f.Kind, f.Detail, errText)
+		fmt.Fprintf(w, "  +%6.2fs %-23s %s%s\n", f.Start.Sub(t0).Seconds(), f.Kind, f.Detail, errText)
 	}
 	var fk []string
 	for _, k := range slices.Compact(slices.Sorted(slices.Values(o.Scenario.Kinds))) {
@@ -335,8 +383,12 @@ func writeSummary(w io.Writer, o *outcome) {
 	fmt.Fprintf(w, "summary (seed %d, %s, %s scenario, %v):\n", o.Scenario.Seed, mode, o.Scenario.Name, o.Took.Round(time.Second))
 	fmt.Fprintf(w, "  requests:   %d attempts by %d clients for %d payments (%s; %d timeouts, %d connection errors)\n",
 		attempts, len(rec.Clients), o.Scenario.Keys, strings.Join(st, ", "), timeouts, errs)
-	fmt.Fprintf(w, "  executions: %d for %d keys (%d keys ran more than once, %d answers dropped by the backend, %d answered 503)\n",
-		len(rec.Execs), len(keys), again, dropped, notProc)
+	largeText := ""
+	if large > 0 {
+		largeText = fmt.Sprintf(", %d with a large answer", large)
+	}
+	fmt.Fprintf(w, "  executions: %d for %d keys (%d keys ran more than once, %d answers dropped by the backend, %d answered 503%s)\n",
+		len(rec.Execs), len(keys), again, dropped, notProc, largeText)
 	fmt.Fprintf(w, "  replays:    %d\n", replays)
 	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
 	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters, %d give-back marks\n",
@@ -371,6 +423,6 @@ func writeSummary(w io.Writer, o *outcome) {
 		fmt.Fprintf(w, "    [%s] key %s: %s\n", v.Check, v.Key, v.Detail)
 	}
 	if sc := o.Scenario; sc.Keep || (len(o.Violations) > 0 && !sc.Discard) {
-		fmt.Fprintf(w, "  node logs and Redis data kept in %s\n", o.Dir)
+		fmt.Fprintf(w, "  node logs, Redis data and the records (records.json) kept in %s\n", o.Dir)
 	}
 }

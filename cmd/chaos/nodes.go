@@ -287,12 +287,16 @@ func freeAddr() (string, error) {
 	return "127.0.0.1:" + strconv.Itoa(p), nil
 }
 
-// startNodes starts count nodes with their own ports and directories.
-func startNodes(bin, dir string, count int, base nodeConfig) ([]*node, error) {
+// startNodes starts count nodes with their own ports and directories;
+// links, unless nil, gives node i its own Redis and backend addresses.
+func startNodes(bin, dir string, count int, base nodeConfig, links func(i int, c *nodeConfig)) ([]*node, error) {
 	var nodes []*node
 	for i := range count {
 		cfg := base
 		cfg.Index = i
+		if links != nil {
+			links(i, &cfg)
+		}
 		var err error
 		if cfg.Addr, err = freeAddr(); err == nil {
 			cfg.Admin, err = freeAddr()
