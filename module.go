@@ -157,7 +157,7 @@ type Handler struct {
 	logger      *zap.Logger
 	keyTmpl     template
 	scopeTmpl   template
-	inputs      keyInputs // what the key and scope read from a request
+	inputs      keyInputs        // what the key and scope read from a request
 	unavailable *rateLimitedWarn // Redis unavailable: 503 or fail_open
 	releaseWarn *rateLimitedWarn // a release or a give-up that failed
 	storeWarn   *rateLimitedWarn // an answer that could not be stored
