@@ -105,7 +105,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	start := time.Now()
 	h.client.hold()
-	ctx, keep := untilAcquired(r.Context())
+	ctx, keep := untilAcquired(r.Context(), h.Wait > 0)
 	lk, err := h.locker.Acquire(ctx, rkey, h.lockOptions())
 	if err == nil && !keep() {
 		// The client left as the lock was taken: nothing ran.
@@ -136,8 +136,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // ends when the client leaves, but the lock it takes does not, as the
 // request it runs outlives its client (heldRequest.upstream). keep reports
 // whether the client was still there when the acquire ended; if not, the
-// context has ended or may yet end.
-func untilAcquired(client context.Context) (ctx context.Context, keep func() bool) {
+// context has ended or may yet end. Without a wait the acquire is one
+// round trip and the client is only checked after it, which saves the
+// watch's allocations on every request.
+func untilAcquired(client context.Context, wait bool) (ctx context.Context, keep func() bool) {
+	if !wait {
+		return context.WithoutCancel(client), func() bool { return client.Err() == nil }
+	}
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(client))
 	stop := context.AfterFunc(client, func() { cancel(context.Cause(client)) })
 	return ctx, func() bool { return stop() && client.Err() == nil }
