@@ -170,6 +170,9 @@ func requestsCounter(t *testing.T, s *caddySite, result string) float64 {
 	if err != nil || r.Status != 200 {
 		t.Fatalf("GET /metrics: %v %v", err, r)
 	}
+	if strings.Contains(r.Body, "metric-key-") {
+		t.Fatal("a request key appears in the metrics")
+	}
 	prefix := `caddy_redis_lock_requests_total{result="` + result + `"} `
 	for line := range strings.Lines(r.Body) {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {

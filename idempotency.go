@@ -198,7 +198,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 	if retried(err) {
 		started := h.locker.Background(ctx, func(ctx context.Context) {
 			defer done()
-			h.finish(ctx, p, resp, lost, h.retryComplete(ctx, p, resp, err, since))
+			h.afterFirstTry(ctx, p, resp, lost, err, since)
 		})
 		if started {
 			return
@@ -224,10 +224,7 @@ func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *rec
 		err := p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
 		close(tried)
 		h.unacked(p, err)
-		if retried(err) {
-			err = h.retryComplete(ctx, p, resp, err, since)
-		}
-		h.finish(ctx, p, resp, false, err)
+		h.afterFirstTry(ctx, p, resp, false, err, since)
 	})
 	if !started {
 		return false
@@ -253,6 +250,12 @@ func (h *Handler) unacked(p *record.Pending, err error) {
 		h.unackedWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
 			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
 	}
+}
+
+// afterFirstTry ends a completion whose first try, begun at since, ended
+// with err: tried again while it may succeed (retryComplete), then finished.
+func (h *Handler) afterFirstTry(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, err error, since time.Time) {
+	h.finish(ctx, p, resp, lost, h.retryComplete(ctx, p, resp, err, since))
 }
 
 // retried reports whether a completion whose try ended with err is tried
@@ -325,10 +328,7 @@ func (h *Handler) finish(ctx context.Context, p *record.Pending, resp *record.Re
 func (h *Handler) giveUp(ctx context.Context, p *record.Pending, lost bool, err error) {
 	unknown := h.unknownOutcome()
 	since := time.Now()
-	uerr := p.Complete(ctx, unknown, time.Duration(h.Idempotency.Retention))
-	if retried(uerr) {
-		uerr = h.retryComplete(ctx, p, unknown, uerr, since)
-	}
+	uerr := h.retryComplete(ctx, p, unknown, p.Complete(ctx, unknown, time.Duration(h.Idempotency.Retention)), since)
 	p.Stop()
 	if uerr != nil && !errors.Is(uerr, record.ErrNotStored) {
 		uerr = fmt.Errorf("%w; then outcome-unknown in its place: %w", err, uerr)
@@ -378,7 +378,7 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, g
 		h.storeWarn.warn(h.logger, "storing a response", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
 		return
 	}
-	metrics.stored.Observe(float64(encodedSize(resp)))
+	metrics.stored.Observe(float64(resp.Size()))
 	if resp.Outcome == record.Unknown {
 		metrics.unknown.Inc()
 		result := resultAcquired
@@ -423,16 +423,4 @@ func (h *Handler) unknownOutcome() *record.Response {
 // be answered from the record, whatever the errors setting.
 func (h *Handler) writeStoredProblem(w http.ResponseWriter, p problem) error {
 	return writeProblemBody(w, p)
-}
-
-// encodedSize is about what a record takes in Redis: its body and headers.
-func encodedSize(r *record.Response) int {
-	n := len(r.Body)
-	for k, vs := range r.Header {
-		n += len(k)
-		for _, v := range vs {
-			n += len(v)
-		}
-	}
-	return n
 }

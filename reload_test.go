@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,20 +24,7 @@ func TestMetricsAndReload(t *testing.T) {
 
 	counter := func(result string) float64 {
 		t.Helper()
-		r, err := sendRequest(context.Background(), s.client, "GET", s.AdminURL+"/metrics", "")
-		if err != nil || r.Status != 200 {
-			t.Fatalf("GET /metrics: %v %v", err, r)
-		}
-		if strings.Contains(r.Body, "metric-key-") {
-			t.Fatal("a request key appears in the metrics")
-		}
-		re := regexp.MustCompile(`(?m)^caddy_redis_lock_requests_total\{result="` + result + `"\} ([0-9.e+]+)$`)
-		m := re.FindStringSubmatch(r.Body)
-		if m == nil {
-			return 0
-		}
-		v, _ := strconv.ParseFloat(m[1], 64)
-		return v
+		return requestsCounter(t, s, result)
 	}
 	traffic := func(round int) {
 		t.Helper()

@@ -107,8 +107,9 @@ func packageVersion(path string, dependency bool) (string, error) {
 	return pkg.Version, nil
 }
 
-// nodeCase is one call of run.js.
-type nodeCase struct {
+// driverCase is one call of an SDK driver (run.js, run.py): the same
+// shape for each.
+type driverCase struct {
 	Name       string         `json:"name"`
 	Account    string         `json:"account"`
 	Key        string         `json:"key"`
@@ -118,9 +119,9 @@ type nodeCase struct {
 	PauseMs    int            `json:"pauseMs,omitempty"`
 }
 
-// runStripeNode runs run.js against base with the calls, and returns its
-// results.
-func runStripeNode(t *testing.T, node, base string, maxRetries int, calls []nodeCase) []sdkResult {
+// runDriver runs an SDK driver, interp script base, with the calls on its
+// standard input, and returns what it printed: a JSON list of results.
+func runDriver(t *testing.T, interp, script, base string, maxRetries int, calls []driverCase) []byte {
 	t.Helper()
 	in, err := json.Marshal(map[string]any{"maxNetworkRetries": maxRetries, "cases": calls})
 	if err != nil {
@@ -128,19 +129,31 @@ func runStripeNode(t *testing.T, node, base string, maxRetries int, calls []node
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(stripeNodeDir, "run.js"), base)
+	cmd := exec.CommandContext(ctx, interp, script, base)
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	start := time.Now()
 	out, err := cmd.Output()
-	t.Logf("node run.js: %d calls in %v", len(calls), time.Since(start).Round(time.Millisecond))
+	name := filepath.Base(interp) + " " + filepath.Base(script)
+	t.Logf("%s: %d calls in %v", name, len(calls), time.Since(start).Round(time.Millisecond))
 	if err != nil {
-		t.Fatalf("node run.js: %v\nstderr: %s\nstdout: %s", err, stderr.String(), out)
+		t.Fatalf("%s: %v\nstderr: %s\nstdout: %s", name, err, stderr.String(), out)
 	}
+	var results []json.RawMessage
+	if err := json.Unmarshal(out, &results); err != nil || len(results) != len(calls) {
+		t.Fatalf("%s printed %q: %v, want %d results (stderr %s)", name, out, err, len(calls), stderr.String())
+	}
+	return out
+}
+
+// runStripeNode runs run.js against base with the calls, and returns its
+// results.
+func runStripeNode(t *testing.T, node, base string, maxRetries int, calls []driverCase) []sdkResult {
+	t.Helper()
 	var results []sdkResult
-	if err := json.Unmarshal(out, &results); err != nil {
-		t.Fatalf("node run.js printed %q: %v (stderr %s)", out, err, stderr.String())
+	if err := json.Unmarshal(runDriver(t, node, filepath.Join(stripeNodeDir, "run.js"), base, maxRetries, calls), &results); err != nil {
+		t.Fatal(err)
 	}
 	return results
 }
@@ -157,9 +170,9 @@ func TestStripeNodeAnswers(t *testing.T) {
 	s, charges := answersSite(t)
 	const maxRetries = 2
 	key := func(k string) string { return "node-" + k }
-	var calls []nodeCase
+	var calls []driverCase
 	for _, c := range sdkCalls {
-		nc := nodeCase{Name: c.name, Account: c.account, Key: key(c.key),
+		nc := driverCase{Name: c.name, Account: c.account, Key: key(c.key),
 			Params: map[string]any{"amount": c.amount, "currency": "eur", "description": c.desc}}
 		switch c.name {
 		case "hold-idem", "hold-lock":

@@ -10,7 +10,6 @@ package redislock
 // stripe._http_client) and changed some defaults.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -73,17 +72,6 @@ func lastLine(s string) string {
 	return s[strings.LastIndexByte(s, '\n')+1:]
 }
 
-// pythonCase is one call of run.py, in the shape of run.js's cases.
-type pythonCase struct {
-	Name       string         `json:"name"`
-	Account    string         `json:"account"`
-	Key        string         `json:"key"`
-	Params     map[string]any `json:"params"`
-	Background bool           `json:"background,omitempty"`
-	Await      bool           `json:"awaitBackground,omitempty"`
-	PauseMs    int            `json:"pauseMs,omitempty"`
-}
-
 // pythonException is what run.py reports of the exception itself, beside
 // the error it read from it.
 type pythonException struct {
@@ -93,30 +81,15 @@ type pythonException struct {
 
 // runStripePython runs run.py against base with the calls, and returns its
 // results and, for each, the exception raised (nil for a success).
-func runStripePython(t *testing.T, python, base string, maxRetries int, calls []pythonCase) ([]sdkResult, []*pythonException) {
+func runStripePython(t *testing.T, python, base string, maxRetries int, calls []driverCase) ([]sdkResult, []*pythonException) {
 	t.Helper()
-	in, err := json.Marshal(map[string]any{"maxNetworkRetries": maxRetries, "cases": calls})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, python, filepath.Join(stripePythonDir, "run.py"), base)
-	cmd.Stdin = bytes.NewReader(in)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	start := time.Now()
-	out, err := cmd.Output()
-	t.Logf("python3 run.py: %d calls in %v", len(calls), time.Since(start).Round(time.Millisecond))
-	if err != nil {
-		t.Fatalf("python3 run.py: %v\nstderr: %s\nstdout: %s", err, stderr.String(), out)
-	}
+	out := runDriver(t, python, filepath.Join(stripePythonDir, "run.py"), base, maxRetries, calls)
 	var results []sdkResult
 	var excs []struct {
 		Exception *pythonException `json:"exception"`
 	}
 	if err := json.Unmarshal(out, &results); err != nil {
-		t.Fatalf("python3 run.py printed %q: %v (stderr %s)", out, err, stderr.String())
+		t.Fatal(err)
 	}
 	if err := json.Unmarshal(out, &excs); err != nil {
 		t.Fatal(err)
@@ -179,9 +152,9 @@ func TestStripePythonAnswers(t *testing.T) {
 	// stripe.max_network_retries is 0 unless set (__init__.py:25).
 	const maxRetries = 2
 	key := func(k string) string { return "python-" + k }
-	var calls []pythonCase
+	var calls []driverCase
 	for _, c := range sdkCalls {
-		pc := pythonCase{Name: c.name, Account: c.account, Key: key(c.key),
+		pc := driverCase{Name: c.name, Account: c.account, Key: key(c.key),
 			Params: map[string]any{"amount": c.amount, "currency": "eur", "description": c.desc}}
 		// The holds start together, 300ms before in-progress and
 		// conflict: stripe-python waits out their Retry-After of 1s

@@ -169,3 +169,15 @@ func (d *decoder) string() string {
 	d.b = d.b[n:]
 	return s
 }
+
+// Size is about what r takes in Redis: its body and headers.
+func (r *Response) Size() int {
+	n := len(r.Body)
+	for name, vals := range r.Header {
+		n += len(name)
+		for _, v := range vals {
+			n += len(v)
+		}
+	}
+	return n
+}

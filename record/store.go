@@ -217,16 +217,7 @@ const BulkSize = 16 << 10
 // BulkSize bytes or more, which Complete sends on a connection of its own,
 // with a bound of its size. Below it, a completion is one command among
 // the others of the autopipeliner, as cheap as a release.
-func Bulk(resp *Response) bool {
-	n := len(resp.Body)
-	for name, vals := range resp.Header {
-		n += len(name)
-		for _, v := range vals {
-			n += len(v)
-		}
-	}
-	return n >= BulkSize
-}
+func Bulk(resp *Response) bool { return resp.Size() >= BulkSize }
 
 // bulkRate is the slowest link a bulk completion waits for, in bytes a
 // second: 160 KiB get 5s more than ReleaseTimeout.

@@ -53,13 +53,7 @@ func (c *Conn) RunBulk(ctx context.Context, s Script, keys []string, args ...any
 		defer done()
 		return c.runReplicatedOn(ctx, rdb, s, keys, args)
 	}
-	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
-	err := c.ProcessBulk(ctx, keys[0], cmd)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
-		err = c.ProcessBulk(ctx, keys[0], cmd)
-	}
-	return cmd, err
+	return c.eval(ctx, s, keys, args, true)
 }
 
 // bulkClient is the client a bulk call for key goes on: the one that sends

@@ -217,13 +217,27 @@ func (c *Conn) Run(ctx context.Context, s Script, keys []string, args ...any) (*
 	if c.repl != nil {
 		return c.runReplicated(ctx, s, keys, args)
 	}
+	return c.eval(ctx, s, keys, args, false)
+}
+
+// eval runs s with EVALSHA, and with EVAL on NOSCRIPT: through Process, or
+// ProcessBulk when bulk.
+func (c *Conn) eval(ctx context.Context, s Script, keys []string, args []any, bulk bool) (*redis.Cmd, error) {
 	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
-	err := c.Process(ctx, cmd)
+	err := c.send(ctx, cmd, keys, bulk)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
-		err = c.Process(ctx, cmd)
+		err = c.send(ctx, cmd, keys, bulk)
 	}
 	return cmd, err
+}
+
+// send is Process, or ProcessBulk on the connection of keys[0] when bulk.
+func (c *Conn) send(ctx context.Context, cmd redis.Cmder, keys []string, bulk bool) error {
+	if bulk {
+		return c.ProcessBulk(ctx, keys[0], cmd)
+	}
+	return c.Process(ctx, cmd)
 }
 
 // evalArgs are the arguments of EVALSHA or EVAL. The keys go as pointers
