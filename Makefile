@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 GOFILES  = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
 
-.PHONY: test test-deps redis fmt-check vet bench loadtest loadtest-compare demo caddy fuzz chaos
+.PHONY: test test-deps redis fmt-check tidy-check vet bench loadtest loadtest-compare demo caddy fuzz chaos
 
 # redis makes sure redis-server is installed: tests start their own on free ports.
 redis:
@@ -19,13 +19,21 @@ redis:
 fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# tidy-check: go mod tidy leaves every module's go.mod and go.sum as they are
+# (the plugin's go.mod holds only what its packages build on: a Caddy built
+# with xcaddy inherits its requirements).
+tidy-check:
+	@for d in . tools bench browser; do (cd $$d && $(GO) mod tidy -diff) || { echo "go mod tidy changes $$d"; exit 1; }; done
+
 STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 vet:
 	$(GO) vet ./...
+	cd tools && $(GO) vet ./...
 	cd bench && $(GO) vet ./...
 	cd browser && $(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd tools && $(GO) run $(STATICCHECK) ./...
 	cd bench && $(GO) run $(STATICCHECK) ./...
 	cd browser && $(GO) run $(STATICCHECK) ./...
 
@@ -33,10 +41,12 @@ vet:
 test-deps:
 	@./scripts/test-deps.sh
 
-# test: gofmt, go vet, staticcheck, then every test, with the race detector,
-# against real redis-server processes, and the browser tests in Chromium.
-test: test-deps fmt-check vet
+# test: gofmt, go mod tidy, go vet, staticcheck, then every test, with the
+# race detector, against real redis-server processes: the plugin's, the
+# tools' (demo, chaos's short run) and the browser tests in Chromium.
+test: test-deps fmt-check tidy-check vet
 	REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 20m ./...
+	cd tools && REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 10m ./...
 	cd browser && REDISLOCK_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 10m ./...
 
 # fuzz: each fuzz target for FUZZTIME (the committed corpora in testdata/fuzz
@@ -68,7 +78,7 @@ loadtest-compare: redis
 # demo: a storm of duplicate charges, then late retries, at three routes: plain,
 # redis_lock, and redis_lock with idempotency (ARGS=-serve keeps it running).
 demo:
-	$(GO) run ./cmd/demo $(ARGS)
+	cd tools && $(GO) run ./demo $(ARGS)
 
 # chaos: three Caddy nodes (processes), one Redis (AOF), SDK-like clients and
 # a recording backend under scheduled faults, then the same on a Sentinel pair
@@ -77,7 +87,7 @@ demo:
 # on a violation (SEED=n another schedule; LOCK_ONLY=1 without idempotency,
 # fails; ARGS='-phase network' one phase).
 chaos: redis
-	SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' $(GO) run ./cmd/chaos $(ARGS)
+	cd tools && SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' $(GO) run ./chaos $(ARGS)
 
 # caddy: a Caddy binary with this plugin, built with xcaddy.
 caddy:

@@ -87,7 +87,7 @@ func BenchmarkHandler(b *testing.B) {
 	}
 }
 
-// benchAnswer is the load test upstream's answer (cmd/loadupstream -size 108).
+// benchAnswer is the load test upstream's answer (tools/loadupstream -size 108).
 var benchAnswer = []byte(`{"ok":true,"pad":"` + strings.Repeat("x", 108-len(`{"ok":true,"pad":""}`)) + `"}`)
 
 // benchNext answers benchAnswer.

@@ -119,30 +119,43 @@ type driverCase struct {
 	PauseMs    int            `json:"pauseMs,omitempty"`
 }
 
-// runDriver runs an SDK driver, interp script base, with the calls on its
-// standard input, and returns what it printed: a JSON list of results.
-func runDriver(t *testing.T, interp, script, base string, maxRetries int, calls []driverCase) []byte {
+// driverInput is what an SDK driver reads on its standard input: the SDK's
+// retries, its HTTP timeout (the stripe-go driver only; 0 for the SDK's
+// default) and the calls.
+type driverInput struct {
+	MaxNetworkRetries int          `json:"maxNetworkRetries"`
+	TimeoutMs         int          `json:"timeoutMs,omitempty"`
+	Cases             []driverCase `json:"cases"`
+}
+
+// runDriver runs an SDK driver, argv (the program, its script if any, the
+// base URL), with in on its standard input, and returns what it printed: a
+// JSON list of results.
+func runDriver(t *testing.T, argv []string, in driverInput) []byte {
 	t.Helper()
-	in, err := json.Marshal(map[string]any{"maxNetworkRetries": maxRetries, "cases": calls})
+	stdin, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, interp, script, base)
-	cmd.Stdin = bytes.NewReader(in)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stdin = bytes.NewReader(stdin)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	start := time.Now()
 	out, err := cmd.Output()
-	name := filepath.Base(interp) + " " + filepath.Base(script)
-	t.Logf("%s: %d calls in %v", name, len(calls), time.Since(start).Round(time.Millisecond))
+	name := filepath.Base(argv[0])
+	if len(argv) > 2 {
+		name += " " + filepath.Base(argv[1])
+	}
+	t.Logf("%s: %d calls in %v", name, len(in.Cases), time.Since(start).Round(time.Millisecond))
 	if err != nil {
 		t.Fatalf("%s: %v\nstderr: %s\nstdout: %s", name, err, stderr.String(), out)
 	}
 	var results []json.RawMessage
-	if err := json.Unmarshal(out, &results); err != nil || len(results) != len(calls) {
-		t.Fatalf("%s printed %q: %v, want %d results (stderr %s)", name, out, err, len(calls), stderr.String())
+	if err := json.Unmarshal(out, &results); err != nil || len(results) != len(in.Cases) {
+		t.Fatalf("%s printed %q: %v, want %d results (stderr %s)", name, out, err, len(in.Cases), stderr.String())
 	}
 	return out
 }
@@ -152,7 +165,7 @@ func runDriver(t *testing.T, interp, script, base string, maxRetries int, calls 
 func runStripeNode(t *testing.T, node, base string, maxRetries int, calls []driverCase) []sdkResult {
 	t.Helper()
 	var results []sdkResult
-	if err := json.Unmarshal(runDriver(t, node, filepath.Join(stripeNodeDir, "run.js"), base, maxRetries, calls), &results); err != nil {
+	if err := json.Unmarshal(runDriver(t, []string{node, filepath.Join(stripeNodeDir, "run.js"), base}, driverInput{MaxNetworkRetries: maxRetries, Cases: calls}), &results); err != nil {
 		t.Fatal(err)
 	}
 	return results

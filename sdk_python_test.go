@@ -83,7 +83,7 @@ type pythonException struct {
 // results and, for each, the exception raised (nil for a success).
 func runStripePython(t *testing.T, python, base string, maxRetries int, calls []driverCase) ([]sdkResult, []*pythonException) {
 	t.Helper()
-	out := runDriver(t, python, filepath.Join(stripePythonDir, "run.py"), base, maxRetries, calls)
+	out := runDriver(t, []string{python, filepath.Join(stripePythonDir, "run.py"), base}, driverInput{MaxNetworkRetries: maxRetries, Cases: calls})
 	var results []sdkResult
 	var excs []struct {
 		Exception *pythonException `json:"exception"`

@@ -6,27 +6,21 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
-// exampleRedis starts a Redis for an example: a real redis-server when one is
-// installed, else miniredis, so the examples run everywhere. Real programs
-// pass the address of their Redis.
+// exampleRedis starts a redis-server on a free port for an example. Real
+// programs pass the address of their Redis. The examples that call it need
+// redis-server installed (make test installs it), as the package's tests do.
 func exampleRedis() (addr string, stop func()) {
-	if redistest.Available() {
-		if s, err := redistest.Launch(); err == nil {
-			return s.Addr, s.Close
-		}
-	}
-	m, err := miniredis.Run()
+	s, err := redistest.Launch()
 	if err != nil {
-		panic(err)
+		panic("the lock examples need redis-server on PATH (apt-get install redis-server): " + err.Error())
 	}
-	return m.Addr(), m.Close
+	return s.Addr, s.Close
 }
 
 func ExampleKey() {

@@ -63,7 +63,7 @@ echo "building caddy from this tree and from $rev ($(git rev-parse --short "$rev
 go build -o "$work/caddy-this" ./cmd/caddy
 git worktree add -q --detach "$work/rev" "$rev"
 (cd "$work/rev" && go build -o "$work/caddy-rev" ./cmd/caddy)
-go build -o "$work/upstream" ./cmd/loadupstream
+(cd tools && go build -o "$work/upstream" ./loadupstream)
 (cd bench && go build -o "$work/latency" ./latency)
 
 redis_port=$(free_port)

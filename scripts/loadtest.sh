@@ -15,7 +15,7 @@
 #           is already stored (LOADTEST_REPLAY_KEYS keys are stored first;
 #           wrk then cycles through them): every answer comes from Redis
 #
-# One Caddy (cmd/loadcaddy: the plugin and the floor handler) serves the four
+# One Caddy (tools/loadcaddy: the plugin and the floor handler) serves the four
 # sites. A round runs the five modes back to back, in alternating order; the
 # verdicts are medians of per-round ratios: locked against plain, idem
 # against locked, replay against plain. Floor against plain, and locked
@@ -28,7 +28,7 @@
 #   LOADTEST_CONNECTIONS    wrk connections (default 64)
 #   LOADTEST_THREADS        wrk threads (default: number of CPUs)
 #   LOADTEST_CADDY          a prebuilt Caddy with the plugin and the floor handler
-#                           (default: go build ./cmd/loadcaddy)
+#                           (default: go build ./loadcaddy in tools/)
 #   LOADTEST_CADDYFILE      Caddyfile (default scripts/loadtest/Caddyfile)
 #   LOADTEST_BODY_SIZE      bytes of the upstream's JSON answer (default 100;
 #                           it is never smaller than 108)
@@ -111,9 +111,9 @@ echo "building caddy and the upstream"
 caddy=${LOADTEST_CADDY:-}
 if [ -z "$caddy" ]; then
 	caddy=$work/caddy
-	go build -o "$caddy" ./cmd/loadcaddy
+	(cd tools && go build -o "$caddy" ./loadcaddy)
 fi
-go build -o "$work/upstream" ./cmd/loadupstream
+(cd tools && go build -o "$work/upstream" ./loadupstream)
 
 redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \

@@ -8,7 +8,7 @@
 // bounds on a hung Redis, no give-back, no metrics: what redis_lock costs
 // beyond this site's cost is its own.
 //
-// It is registered only in the load test's Caddy (cmd/loadcaddy), never in
+// It is registered only in the load test's Caddy (tools/loadcaddy), never in
 // the plugin.
 package floor
 

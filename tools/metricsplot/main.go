@@ -3,7 +3,7 @@
 // SVG: requests per second by result, the failures that need a look, and
 // the p99 time to take a lock, with the faults marked.
 //
-//	go run ./cmd/metricsplot < scrapes.txt > docs/metrics.svg
+//	cd tools && go run ./metricsplot < scrapes.txt > ../docs/metrics.svg
 //
 // The input is blocks of Prometheus text, each after a line "# scrape <s>"
 // (seconds since the start), and lines "# fault <s> <name>".

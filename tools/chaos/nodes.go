@@ -21,18 +21,19 @@ import (
 // chaosPrefix is the prefix of every Redis key the nodes write.
 const chaosPrefix = "chaos:"
 
-// buildCaddy compiles cmd/caddy (Caddy with the plugin) into dir once; the
+// buildCaddy compiles the plugin's cmd/caddy (Caddy with the plugin) into dir once; the
 // nodes are copies of that binary run as separate processes, so that one
 // can be SIGKILLed. CHAOS_CADDY names a binary to use instead.
 func buildCaddy(dir string) (string, error) {
 	if bin := os.Getenv("CHAOS_CADDY"); bin != "" {
 		return bin, nil
 	}
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	// The plugin's module: this tools module's replace points at it.
+	dirOut, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/reqlock/caddy-redis-lock").Output()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		return "", fmt.Errorf("go list -m github.com/reqlock/caddy-redis-lock: %w", err)
 	}
-	root := filepath.Dir(strings.TrimSpace(string(gomod)))
+	root := strings.TrimSpace(string(dirOut))
 	bin := filepath.Join(dir, "caddy")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
 	cmd.Dir = root

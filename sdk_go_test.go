@@ -2,7 +2,10 @@ package redislock
 
 // A real retrying client, used as its users use it: stripe-go, with its own
 // retry logic, its own timeouts and its own keys, pointed at Caddy in front
-// of a slow payment backend. stripe-go resends a POST with the same
+// of a slow payment backend. stripe-go runs in its own program,
+// tools/stripego (built once per test binary from the tools module, so that
+// stripe-go stays out of the plugin's go.mod), driven as run.js and run.py
+// are. stripe-go resends a POST with the same
 // Idempotency-Key after a network error; an answer whose body is in the
 // shape of Stripe's errors (an error member, as every problem the plugin
 // writes has) it raises at once, whatever the status (it retries only a 429
@@ -12,16 +15,16 @@ package redislock
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/stripe/stripe-go/v82"
 )
 
 // chargeTime is how long the backend takes per charge: longer than the
@@ -47,15 +50,53 @@ func stripeBackend(t *testing.T) (*recorder, func(key string) int) {
 	return be, func(key string) int { return be.executions(key) }
 }
 
-// stripeClient is stripe-go with up to 3 retries, pointed at base.
-func stripeClient(base string, timeout time.Duration) *stripe.Client {
-	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
-		URL:               stripe.String(base),
-		HTTPClient:        &http.Client{Timeout: timeout},
-		MaxNetworkRetries: stripe.Int64(3),
-		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+// stripeGo builds tools/stripego once per test binary; a failed build
+// fails every test that needs it.
+var stripeGo struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// requireStripeGo returns the path of the stripe-go driver.
+func requireStripeGo(t *testing.T) string {
+	t.Helper()
+	stripeGo.once.Do(func() {
+		dir, err := os.MkdirTemp("", "stripego")
+		if err != nil {
+			stripeGo.err = err
+			return
+		}
+		stripeGo.bin = filepath.Join(dir, "stripego")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", stripeGo.bin, "./stripego")
+		cmd.Dir = "tools"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			stripeGo.err = fmt.Errorf("go build ./stripego in tools: %v\n%s", err, out)
+		}
 	})
-	return stripe.NewClient("sk_test_caddy_redis_lock", stripe.WithBackends(backends))
+	if stripeGo.err != nil {
+		t.Fatal(stripeGo.err)
+	}
+	return stripeGo.bin
+}
+
+// runStripeGo runs the stripe-go driver against base and returns its
+// results: stripe-go with maxRetries retries and an HTTP client timeout.
+func runStripeGo(t *testing.T, base string, maxRetries int, timeout time.Duration, calls []driverCase) []sdkResult {
+	t.Helper()
+	var results []sdkResult
+	out := runDriver(t, []string{requireStripeGo(t), base}, driverInput{MaxNetworkRetries: maxRetries, TimeoutMs: int(timeout / time.Millisecond), Cases: calls})
+	if err := json.Unmarshal(out, &results); err != nil {
+		t.Fatal(err)
+	}
+	return results
+}
+
+// charge is a 12.99 EUR charge under key, on the route of account.
+func charge(name, account, key string) driverCase {
+	return driverCase{Name: name, Account: account, Key: key, Params: map[string]any{"amount": 1299, "currency": "eur"}}
 }
 
 // stripeSite routes by the Stripe-Account header (stripe-go takes a base
@@ -91,14 +132,6 @@ func stripeSite(redisAddr, backend string) string {
 	}`, redisAddr, backend)
 }
 
-// chargeParams is a charge under key, on the route of account.
-func chargeParams(account, key string) *stripe.PaymentIntentCreateParams {
-	p := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(1299), Currency: stripe.String("eur")}
-	p.SetIdempotencyKey(key)
-	p.SetStripeAccount(account)
-	return p
-}
-
 // A client whose timeout is shorter than the charge: stripe-go times out and
 // retries with the same key after the first charge finished. Behind the
 // lock alone each retry charges again; with idempotency the retry gets the
@@ -111,19 +144,19 @@ func TestStripeSDKTimeoutRetry(t *testing.T) {
 	// The retry comes at 800ms + 500ms (stripe-go's first retry delay), after
 	// the 1s charge: a retry while it runs would get 409 in-progress, which
 	// stripe-go raises.
-	sc := stripeClient(s.URL, 800*time.Millisecond)
-	pi, err := sc.V1PaymentIntents.Create(context.Background(), chargeParams("idem", "timeout-idem"))
-	if err != nil {
-		t.Fatalf("stripe-go through redis_lock + idempotency: %v", err)
+	r := runStripeGo(t, s.URL, 3, 800*time.Millisecond, []driverCase{
+		charge("idem", "idem", "timeout-idem"),
+		charge("lock", "lock", "timeout-lock"),
+	})
+	if pi := r[0].Object; !r[0].OK || pi.ID == "" || pi.Status != "succeeded" {
+		t.Fatalf("stripe-go through redis_lock + idempotency: %+v", r[0])
 	}
-	if pi.ID == "" || pi.Status != stripe.PaymentIntentStatusSucceeded {
-		t.Fatalf("payment intent %+v", pi)
+	if r[0].Attempts < 2 {
+		t.Fatalf("stripe-go sent %d requests; the test needs its timeout to retry", r[0].Attempts)
 	}
 	if n := charges("timeout-idem"); n != 1 {
 		t.Fatalf("redis_lock + idempotency: %d charges, want 1", n)
 	}
-
-	_, _ = sc.V1PaymentIntents.Create(context.Background(), chargeParams("lock", "timeout-lock"))
 	if n := charges("timeout-lock"); n < 2 {
 		t.Fatalf("redis_lock alone: %d charges; the lock does not deduplicate late retries, want more than 1", n)
 	} else {
@@ -144,43 +177,37 @@ func TestStripeSDKDoubleClick(t *testing.T) {
 	s := startCaddySite(t, stripeSite(srv.Addr, be.hostPort()), siteOptions{})
 	for _, route := range []string{"idem", "lock", "wait"} {
 		key := "double-click-" + route
-		sc := stripeClient(s.URL, 10*time.Second)
-		var wg sync.WaitGroup
-		pis := make([]*stripe.PaymentIntent, 2)
-		errs := make([]error, 2)
-		for i := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				pis[i], errs[i] = sc.V1PaymentIntents.Create(context.Background(), chargeParams(route, key))
-			}()
+		calls := []driverCase{charge("first", route, key), charge("second", route, key)}
+		calls[0].Background, calls[1].Background = true, true
+		if route == "idem" {
+			after := charge("after", route, key)
+			after.Await = true
+			calls = append(calls, after)
 		}
-		wg.Wait()
+		r := runStripeGo(t, s.URL, 3, 10*time.Second, calls)
 		if n := charges(key); n != 1 {
 			t.Fatalf("%s: %d charges, want 1", route, n)
 		}
 		if route == "wait" {
-			if errs[0] != nil || errs[1] != nil || pis[0].ID == "" || pis[0].ID != pis[1].ID {
-				t.Fatalf("wait: errors %v; want one payment intent for both", errs)
+			if !r[0].OK || !r[1].OK || r[0].Object.ID == "" || r[0].Object.ID != r[1].Object.ID {
+				t.Fatalf("wait: %+v; want one payment intent for both", r)
 			}
 			continue
 		}
 		won, lost := 0, 1
-		if errs[0] != nil {
+		if !r[0].OK {
 			won, lost = 1, 0
 		}
-		var se *stripe.Error
-		if errs[won] != nil || pis[won].ID == "" || !errors.As(errs[lost], &se) {
-			t.Fatalf("%s: errors %v; want a payment intent and a stripe.Error", route, errs)
+		if !r[won].OK || r[won].Object.ID == "" || r[lost].OK || r[lost].Error.StatusCode == 0 {
+			t.Fatalf("%s: %+v; want a payment intent and a stripe.Error", route, r)
 		}
 		want := map[string]string{"idem": "in-progress", "lock": "conflict"}[route]
-		if se.HTTPStatusCode != http.StatusConflict || string(se.Code) != want || se.Type != stripe.ErrorTypeIdempotency {
-			t.Fatalf("%s: second call raised %d %s %s, want 409 %s idempotency_error", route, se.HTTPStatusCode, se.Type, se.Code, want)
+		if se := r[lost].Error; se.StatusCode != http.StatusConflict || se.Code != want || se.RawType != "idempotency_error" {
+			t.Fatalf("%s: second call raised %d %s %s, want 409 %s idempotency_error", route, se.StatusCode, se.RawType, se.Code, want)
 		}
 		if route == "idem" {
-			again, err := sc.V1PaymentIntents.Create(context.Background(), chargeParams(route, key))
-			if err != nil || again.ID != pis[won].ID || charges(key) != 1 {
-				t.Fatalf("idem: the call after the double click got %v, %v; want the first payment intent, %s", again, err, pis[won].ID)
+			if again := r[2]; !again.OK || again.Object.ID != r[won].Object.ID || charges(key) != 1 {
+				t.Fatalf("idem: the call after the double click got %+v; want the first payment intent, %s", again, r[won].Object.ID)
 			}
 		}
 	}
@@ -336,7 +363,8 @@ type sdkResult struct {
 		Status      string `json:"status"`
 		Description string `json:"description"`
 	} `json:"object"`
-	Error sdkError `json:"error"`
+	Error   sdkError `json:"error"`
+	Failure string   `json:"failure"` // stripe-go: an error that is not a *stripe.Error
 }
 
 // sdkError is the error an SDK raised.
@@ -427,25 +455,6 @@ func problemDetail(t *testing.T, p problem) string {
 	return body.Detail
 }
 
-// attemptCounter counts the requests an SDK sends, by Idempotency-Key.
-type attemptCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (a *attemptCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	a.mu.Lock()
-	a.n[r.Header.Get("Idempotency-Key")]++
-	a.mu.Unlock()
-	return http.DefaultTransport.RoundTrip(r)
-}
-
-func (a *attemptCounter) get(key string) int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.n[key]
-}
-
 // stripe-go raises each of the plugin's own answers as a *stripe.Error of
 // Stripe's type, with the problem's slug as its code, at once (it retries
 // no answer in Stripe's error shape); the backend's answers, and their
@@ -453,75 +462,29 @@ func (a *attemptCounter) get(key string) int {
 func TestStripeGoAnswers(t *testing.T) {
 	t.Parallel()
 	s, charges := answersSite(t)
-	counter := &attemptCounter{n: map[string]int{}}
-	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
-		URL:               stripe.String(s.URL),
-		HTTPClient:        &http.Client{Timeout: 30 * time.Second, Transport: counter},
-		MaxNetworkRetries: stripe.Int64(2),
-		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
-	})
-	sc := stripe.NewClient("sk_test_caddy_redis_lock", stripe.WithBackends(backends))
 	key := func(k string) string { return "go-" + k }
-
-	call := func(c sdkCall) (r sdkResult) {
-		p := &stripe.PaymentIntentCreateParams{Amount: stripe.Int64(c.amount), Currency: stripe.String("eur"), Description: stripe.String(c.desc)}
-		p.SetIdempotencyKey(key(c.key))
-		p.SetStripeAccount(c.account)
-		before := counter.get(key(c.key))
-		pi, err := sc.V1PaymentIntents.Create(context.Background(), p)
-		r = sdkResult{Name: c.name, OK: err == nil, Attempts: counter.get(key(c.key)) - before}
-		if err == nil {
-			r.Status = pi.LastResponse.StatusCode
-			r.Replayed = pi.LastResponse.Header.Get(replayedHeader) == "true"
-			r.Object.ID, r.Object.Object, r.Object.Amount = pi.ID, pi.Object, pi.Amount
-			r.Object.Status, r.Object.Description = string(pi.Status), pi.Description
-			return r
-		}
-		var se *stripe.Error
-		if !errors.As(err, &se) {
-			t.Errorf("%s: %T %v, want a *stripe.Error", c.name, err, err)
-			return r
-		}
-		// The typed error stripe-go picks by the error's type.
-		switch se.Err.(type) {
-		case *stripe.CardError:
-			r.Error.Class = "card_error"
-		case *stripe.IdempotencyError:
-			r.Error.Class = "idempotency_error"
-		case *stripe.InvalidRequestError:
-			r.Error.Class = "invalid_request_error"
-		case *stripe.APIError:
-			r.Error.Class = "api_error"
-		}
-		r.Error.RawType, r.Error.Code, r.Error.Message = string(se.Type), string(se.Code), se.Msg
-		r.Error.DeclineCode, r.Error.Charge, r.Error.StatusCode = string(se.DeclineCode), se.ChargeID, se.HTTPStatusCode
-		r.Error.Replayed = se.LastResponse.Header.Get(replayedHeader) == "true"
-		r.Error.ShouldRetry = se.LastResponse.Header.Get("Stripe-Should-Retry")
-		return r
-	}
-
-	results := make([]sdkResult, len(sdkCalls))
-	var held sync.WaitGroup
-	for i, c := range sdkCalls {
+	var calls []driverCase
+	for _, c := range sdkCalls {
+		gc := driverCase{Name: c.name, Account: c.account, Key: key(c.key),
+			Params: map[string]any{"amount": c.amount, "currency": "eur", "description": c.desc}}
 		switch c.name {
 		case "hold-idem", "hold-lock": // held while in-progress and conflict run
-			held.Add(1)
-			go func() {
-				defer held.Done()
-				results[i] = call(c.sdkCall)
-			}()
-			time.Sleep(300 * time.Millisecond)
-			continue
+			gc.Background, gc.PauseMs = true, 300
 		case "hold-idem-replayed":
-			held.Wait()
+			gc.Await = true
 		}
-		results[i] = call(c.sdkCall)
+		calls = append(calls, gc)
 	}
-	held.Wait()
+	results := runStripeGo(t, s.URL, 2, 30*time.Second, calls)
 	for i, c := range sdkCalls {
 		if r := results[i]; !r.OK && r.Error.Class != c.want.errType {
 			t.Errorf("%s: stripe-go raised %q, want its %s error", c.name, r.Error.Class, c.want.errType)
 		}
 	}
 	checkSDKResults(t, "stripe-go", results, charges, key, func(sdkWant) int { return 1 })
+	if t.Failed() {
+		for _, r := range results {
+			t.Logf("%+v", r)
+		}
+	}
 }

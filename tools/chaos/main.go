@@ -115,7 +115,7 @@ func main() {
 	phase := flag.String("phase", "all", "all: the full scenario, the failover phase, then the network phase; full; failover; network")
 	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
 	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data, records.json)")
-	scrapeTo := flag.String("scrape", "", "write node 0's /metrics, scraped twice a second, and the faults to this file (a phase's name is added before the extension); go run ./cmd/metricsplot draws them")
+	scrapeTo := flag.String("scrape", "", "write node 0's /metrics, scraped twice a second, and the faults to this file (a phase's name is added before the extension); go run ./metricsplot (in tools/) draws them")
 	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
 	flag.Parse()
 	var scs []scenario
