@@ -3,8 +3,8 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"time"
 
@@ -24,69 +24,20 @@ const (
 	phRecordKey = "http.redis_lock.record_key"
 )
 
-// ServeHTTP takes the lock for the request's key, calls next while holding
-// it, and releases it before the response completes.
+// ServeHTTP derives the request's key, takes it (the lock, or the record
+// begun with idempotency), runs next under it, and gives it back before the
+// response completes. A key it cannot take is answered here: a replay, a
+// conflict, a refusal, or Redis's failure.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	if !h.FencingHeaderOff {
-		stripFencing(r, h.FencingHeader) // only this handler may set it
-	}
-	// Early data can be replayed by an attacker: never take a lock on it.
-	if r.TLS != nil && !r.TLS.HandshakeComplete {
-		return h.reject(w, repl, resultTooEarly, problemTooEarly)
-	}
-	if h.inputs.repeated(r) {
-		return h.reject(w, repl, resultRejected, problemAmbiguousKey)
-	}
-	var body []byte
-	if h.readsBody {
-		var err error
-		if body, err = readBody(r, h.MaxBody); err != nil {
-			return h.rejectBody(w, r, repl, err)
-		}
-	}
-	// A request without a body (the GET of a checkout page on the path
-	// its form posts to) has no fields: its key is missing, not invalid.
-	if len(h.inputs.jsonPaths) > 0 && len(body) > 0 {
-		doc, err := parseJSON(body)
-		if err != nil {
-			return h.rejectBody(w, r, repl, err)
-		}
-		fields, err := jsonFields(doc, h.inputs.jsonPaths)
-		if err != nil {
-			return h.reject(w, repl, resultRejected, problemAmbiguousKey)
-		}
-		repl.Map(fields)
-	}
-	if len(h.inputs.formNames) > 0 && len(body) > 0 {
-		vals, err := parseForm(r, body)
-		if err != nil {
-			return h.reject(w, repl, resultRejected, problemInvalidForm)
-		}
-		fields, err := formFields(vals, h.inputs.formNames)
-		if err != nil {
-			return h.reject(w, repl, resultRejected, problemAmbiguousKey)
-		}
-		repl.Map(fields)
-	}
-	scope, scopeMissing, err := h.scopeTmpl.expand(repl, nil)
+	k, err := h.keyOf(r, repl)
 	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
+		return h.refuse(w, r, repl, err)
 	}
-	var keyValue func(key string, val any) (any, error)
-	if h.Idempotency != nil {
-		keyValue = idempotencyKeyPlaceholder
-	}
-	key, keyMissing, err := h.keyTmpl.expand(repl, keyValue)
-	if errors.Is(err, errInvalidIdempotencyKey) {
-		return h.reject(w, repl, resultRejected, problemInvalidIdempotencyKey)
-	} else if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, err)
-	}
-	if keyMissing || scopeMissing {
+	if k.missing {
 		if h.MissingKey == MissingKeyPass {
 			h.count(repl, resultBypassed)
 			return next.ServeHTTP(w, r)
@@ -94,39 +45,80 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, repl, resultRejected, problemMissingKey)
 	}
 
-	rkey := lock.Key(h.Prefix, scope, key)
-	repl.Set(phKey, rkey)
-	if h.Idempotency != nil {
-		canonical, err := h.Idempotency.canonicalJSON(body)
-		if err != nil {
-			return h.rejectBody(w, r, repl, err)
-		}
-		return h.serveIdempotent(w, r, next, repl, rkey, h.Idempotency.fingerprint(r, body, canonical))
-	}
 	start := time.Now()
 	h.client.hold()
+	release := h.client.done
+	var lk *lock.Lock
+	var pending *record.Pending
+	if h.Idempotency != nil {
+		pending, err = h.begin(r, repl, k, start)
+		if err == nil {
+			lk = pending.Lock
+			restrictAcceptEncoding(r)
+		}
+	} else {
+		lk, err = h.acquire(r, k.lock, release)
+	}
+	if err != nil {
+		if !errors.Is(err, errClientLeft) {
+			release() // a lock taken as the client left lets go itself
+		}
+		return h.notTaken(w, r, next, repl, k.lock, err, start)
+	}
+	metrics.wait.Observe(time.Since(start).Seconds())
+	return h.hold(w, r, repl, lk, pending, release).run(next)
+}
+
+// acquire takes the lock of a lock-only request. The client's leaving ends
+// a wait; a lock taken just as the client left is given back at once in
+// the background (nothing ran under it), which lets go of the client's
+// hold (release), and either is errClientLeft.
+func (h *Handler) acquire(r *http.Request, rkey string, release func()) (*lock.Lock, error) {
 	ctx, keep := untilAcquired(r.Context(), h.Wait > 0)
 	lk, err := h.locker.Acquire(ctx, rkey, h.lockOptions())
-	if err == nil && !keep() {
-		// The client left as the lock was taken: nothing ran.
-		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); h.client.done() })
+	stayed := keep()
+	var busy *lock.NotObtainedError
+	switch {
+	case err == nil && !stayed:
+		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); release() })
+		return nil, errClientLeft
+	case err != nil && !errors.As(err, &busy) && r.Context().Err() != nil:
+		return nil, fmt.Errorf("%w: %w", errClientLeft, err)
+	}
+	return lk, err
+}
+
+// errClientLeft is a lock not taken, or given back at once, because the
+// client left: nobody to answer.
+var errClientLeft = errors.New("redis_lock: the client left before the lock was taken")
+
+// notTaken answers a request whose key was not taken: the stored answer
+// replayed, another request under the key (409, with Retry-After), another
+// request's key (422), or Redis's failure.
+func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error, start time.Time) error {
+	var done *record.CompletedError
+	var busy *lock.NotObtainedError
+	switch {
+	case errors.Is(err, errClientLeft):
 		h.count(repl, resultCancelled)
 		return nil
-	}
-	if err == nil {
+	case errors.As(err, &done):
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.serveLocked(w, r, next, repl, lk)
-	}
-	keep()
-	h.client.done()
-	var notObtained *lock.NotObtainedError
-	switch {
-	case errors.As(err, &notObtained):
+		return h.replay(w, r, repl, done.Response)
+	case errors.Is(err, record.ErrMismatch):
+		return h.reject(w, repl, resultMismatch, problemMismatch)
+	case errors.As(err, &busy):
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.reject(w, repl, resultConflict, problemConflict.withRetryAfter(h.holds.retryAfter(notObtained.Remaining)))
-	case r.Context().Err() != nil:
-		h.count(repl, resultCancelled) // the client is gone: nobody to answer
-		return nil
+		p := problemConflict
+		if h.Idempotency != nil {
+			p = problemInProgress
+		}
+		return h.reject(w, repl, resultConflict, p.withRetryAfter(h.holds.retryAfter(busy.Remaining)))
+	case errors.Is(err, errNotGivenBack):
+		// Not fail_open: the key is still held, for a request that
+		// may run nowhere else meanwhile.
+		h.unavailable.warn(h.logger, "redis unavailable: answering 503", zap.String("key", rkey), zap.Error(err))
+		return h.reject(w, repl, resultUnavailable, problemUnavailable)
 	default:
 		return h.unavailableRedis(w, r, next, repl, rkey, err)
 	}
@@ -170,68 +162,6 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 	return h.reject(w, repl, resultUnavailable, problemUnavailable)
 }
 
-// serveLocked calls next while lk is held and releases lk before the last
-// byte of the response is written, whatever next does (returns, fails,
-// panics). next runs detached from the client (heldRequest.upstream).
-func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
-	q := h.hold(w, r, repl, lk)
-	// release deletes the lock before the response completes, waiting on
-	// Redis for at most the client's timeout. A lost lock is released in
-	// the background: its answer is due now, at the local deadline.
-	release := func(lost bool) {
-		q.giveBack(func(done func()) {
-			if lost {
-				lk.ReleaseAsync(r.Context(), func(err error) {
-					observeRelease(err)
-					done()
-				})
-				return
-			}
-			err := lk.Release(r.Context())
-			observeRelease(err)
-			done()
-			if err != nil && !errors.Is(err, lock.ErrNotHeld) {
-				h.releaseWarn.warn(h.logger, "releasing lock", zap.String("key", lk.Key()), zap.Error(err))
-			}
-		})
-	}
-	defer q.recoverPanic(release)
-
-	req := q.upstream()
-	defer q.end()
-	nextErr := next.ServeHTTP(q.hw, req)
-
-	lost, cause := q.lost()
-	unknown := !lost && !q.hw.started && q.unanswered(nextErr)
-	if unknown {
-		// The connection broke, not necessarily the backend's work: it may
-		// still be charging. The lock is left to its lease rather than
-		// released, so that a duplicate does not run beside it.
-		q.giveBack(func(done func()) { lk.Stop(); done() })
-	} else {
-		release(lost)
-	}
-	if lost {
-		h.lockLost(lk, cause)
-	}
-	switch {
-	case lost && h.LostLock == LostLockAbort && q.hw.started:
-		q.abort()
-	case lost && h.LostLock == LostLockAbort:
-		// next's error is the cancellation this handler caused.
-		q.count(resultLost)
-		return q.close(h.writeProblem(q.hw, problemLockLost))
-	case unknown:
-		// Whatever status reverse_proxy gives it (a reset, a timeout, a
-		// stopped second sending), the request may have run: a retry
-		// must not charge again unseen.
-		q.countUnanswered(lost)
-		return q.close(h.writeProblem(q.hw, problemOutcomeUnknown))
-	}
-	q.countOutcome(lost)
-	return q.close(nextErr)
-}
-
 // runUnder marks r as running under lk: its result acquired, its fencing
 // token in the placeholder and, unless turned off, the request header.
 func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock) {
@@ -258,27 +188,6 @@ func (h *Handler) recordKey(rkey string) string {
 		return ""
 	}
 	return record.Key(rkey)
-}
-
-// rejectBody answers a request whose body could not be read for the key:
-// never with the 200 of an empty response.
-func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, err error) error {
-	switch {
-	case errors.Is(err, errBodyTooLarge):
-		return h.reject(w, repl, resultRejected, problemBodyTooLarge)
-	case errors.Is(err, errInvalidJSON):
-		return h.reject(w, repl, resultRejected, problemInvalidJSON)
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		// The server's read timeout: the client may still be there.
-		return h.reject(w, repl, resultRejected, problemBodyTimeout)
-	case r.Context().Err() != nil:
-		// The client went away: nobody to answer. 499 is what
-		// reverse_proxy logs in this case too.
-		h.count(repl, resultCancelled)
-		return caddyhttp.Error(499, err)
-	default:
-		return h.reject(w, repl, resultRejected, problemBodyUnreadable)
-	}
 }
 
 // reject answers with p and records result.

@@ -8,23 +8,27 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
 )
 
-// heldRequest is a request running under its lock, from the acquire to the
-// end of its response: what the lock-only and the idempotency paths share.
-// Each path says only how its lock is given back (released, or the outcome
-// stored) and when.
+// heldRequest is a request running under its key, from the acquire (or the
+// record's begin) to the end of its response: the path both modes share.
+// Its mode says only how the key is given back (giveBack). It owns the
+// client's hold, let go once the key is given back.
 type heldRequest struct {
 	h        *Handler
 	r        *http.Request
 	repl     *caddy.Replacer
 	lk       *lock.Lock
 	hw       *holdWriter // holds back the response's end until the give-back
+	back     giveBack
+	release  func() // lets go of the Redis client's hold
 	acquired time.Time
-	given    bool // the lock was given back
+	given    bool // the key was given back
 	counted  bool // the request's result was counted
 
 	ctx       context.Context // next's, detached from the client (upstream)
@@ -32,18 +36,65 @@ type heldRequest struct {
 	stopAfter func() bool                // stops the watch on the client
 	giveUp    atomic.Pointer[time.Timer] // runs a lease after the client left
 	once      *sentOnce
+
+	// The give-backs, kept here so that choosing one allocates nothing.
+	lockGB   lockGiveBack
+	recordGB recordGiveBack
 }
 
-// hold starts r's run under lk, with its result acquired and its fencing
-// token set (runUnder).
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock) *heldRequest {
+// hold starts r's run under lk (pending's lock, with idempotency), with
+// its result acquired and its fencing token set (runUnder). release lets
+// go of the client's hold.
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock, pending *record.Pending, release func()) *heldRequest {
 	h.runUnder(r, repl, lk)
-	return &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), acquired: time.Now()}
+	q := &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), release: release, acquired: time.Now()}
+	if pending != nil {
+		q.recordGB = recordGiveBack{h: h, r: r, pending: pending}
+		q.back = &q.recordGB
+	} else {
+		q.lockGB = lockGiveBack{h: h, r: r, lk: lk}
+		q.back = &q.lockGB
+	}
+	return q
 }
 
-// giveBack gives the lock back once, with how long it was held: back does
-// it and calls done when its work, in the background or not, is over.
-func (q *heldRequest) giveBack(back func(done func())) {
+// run calls next under the key, gives the key back before the last byte of
+// the response is written, whatever next does (returns, fails, panics),
+// and answers. next runs detached from the client (upstream).
+func (q *heldRequest) run(next caddyhttp.Handler) error {
+	defer q.recoverPanic()
+	out := q.back.writer(q.hw)
+	req := q.upstream()
+	defer q.end()
+	nextErr := next.ServeHTTP(out, req)
+	return q.finish(q.classify(nextErr), nextErr)
+}
+
+// finish gives the key back after o and answers: next's answer, or the
+// problem its mode gives in its place.
+func (q *heldRequest) finish(o outcome, nextErr error) error {
+	if o.lost {
+		_, cause := q.lost()
+		q.h.lockLost(q.lk, cause)
+	}
+	q.giveBack(o)
+	if o.kind == aborted && q.hw.started {
+		q.abort()
+	}
+	if ok, err := q.back.inPlace(q.hw, o); ok {
+		if o.kind == aborted {
+			q.count(resultLost)
+		} else {
+			q.countUnanswered(o.lost)
+		}
+		return q.close(err)
+	}
+	q.countOutcome(o.lost)
+	return q.close(nextErr)
+}
+
+// giveBack gives the key back once, after o, with how long it was held.
+func (q *heldRequest) giveBack(o outcome) {
 	if q.given {
 		return
 	}
@@ -51,8 +102,11 @@ func (q *heldRequest) giveBack(back func(done func())) {
 	held := time.Since(q.acquired)
 	metrics.hold.Observe(held.Seconds())
 	q.h.holds.observe(held)
-	back(q.h.client.done)
+	q.back.give(o, q.release)
 }
+
+// errClientGoneTooLong ends a request whose client left a lease ago.
+var errClientGoneTooLong = errors.New("redis_lock: the client left a lease ago and the backend has not answered")
 
 // upstream is r as next gets it: detached from the client, and sent
 // upstream at most once (sendOnce). A proxy cannot stop a backend that has
@@ -93,15 +147,6 @@ func (q *heldRequest) gaveUp() bool {
 	return errors.Is(context.Cause(q.ctx), errClientGoneTooLong)
 }
 
-// unanswered reports whether next's error leaves the request's outcome
-// unknown: it may have reached a backend, which never answered (a reset or
-// a timeout after the request was written, a second sending stopped, a
-// backend cut off a lease after its client left). Only a request no
-// backend could act on (neverReached) is known not to have run.
-func (q *heldRequest) unanswered(nextErr error) bool {
-	return nextErr != nil && (q.once.stopped() || q.gaveUp() || !neverReached(nextErr))
-}
-
 // countUnanswered counts a request whose outcome is unknown, and logs the
 // one given up a lease after its client left.
 func (q *heldRequest) countUnanswered(lost bool) {
@@ -121,18 +166,18 @@ func (q *heldRequest) lost() (bool, error) {
 	return errors.Is(cause, lock.ErrNotHeld), cause
 }
 
-// recoverPanic, deferred, gives the lock back as after a lost answer
-// (giveBack, told whether the lock was lost), drops the held bytes so that
-// the response stays incomplete, counts the request unless it was, and
-// panics again. reverse_proxy panics with http.ErrAbortHandler when the
-// upstream answer breaks off mid-body or its request is cancelled.
-func (q *heldRequest) recoverPanic(giveBack func(lost bool)) {
+// recoverPanic, deferred, gives the key back as after an answer that broke
+// off, drops the held bytes so that the response stays incomplete, counts
+// the request unless it was, and panics again. reverse_proxy panics with
+// http.ErrAbortHandler when the upstream answer breaks off mid-body or its
+// request is cancelled.
+func (q *heldRequest) recoverPanic() {
 	p := recover()
 	if p == nil {
 		return
 	}
 	lost, cause := q.lost()
-	giveBack(lost)
+	q.giveBack(outcome{kind: brokeOff, lost: lost})
 	q.hw.discard()
 	switch {
 	case q.counted:

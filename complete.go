@@ -5,172 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
-
-// errClientGoneTooLong ends a request whose client left a lease ago.
-var errClientGoneTooLong = errors.New("redis_lock: the client left a lease ago and the backend has not answered")
-
-// notProcessed are the statuses that say "not processed, try again": their
-// record is removed so that a retry runs.
-func notProcessed(status int) bool {
-	switch status {
-	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		return true
-	}
-	return false
-}
-
-// serveIdempotent begins the request under its record: it replays a
-// completed one, refuses another request under the same key, and runs a new
-// one with its record in progress.
-func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey, fingerprint string) error {
-	repl.Set(phRecordKey, record.Key(rkey))
-	// The record outlives the client: a request that begins runs on, and
-	// its answer is stored, when the client goes away (bounded by the
-	// lease and its renewal), so that the client's retry gets it.
-	ctx := context.WithoutCancel(r.Context())
-	start := time.Now()
-	h.client.hold()
-	// Just after Redis's return, the answers other requests got while it
-	// was away are stored first.
-	backAt := h.client.back.lastBack()
-	if settle(backAt) {
-		metrics.settled.inc(settleWaited)
-	}
-	pending, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
-	if err == nil && h.client.back.lastBack() != backAt {
-		pending, err = h.beginAgain(ctx, pending, rkey, fingerprint, start)
-	}
-	if err == nil {
-		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.serveRecorded(w, r, next, repl, pending)
-	}
-	h.client.done()
-	var done *record.CompletedError
-	var notObtained *lock.NotObtainedError
-	switch {
-	case errors.As(err, &done):
-		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.replay(w, r, repl, done.Response)
-	case errors.Is(err, record.ErrMismatch):
-		return h.reject(w, repl, resultMismatch, problemMismatch)
-	case errors.As(err, &notObtained):
-		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.reject(w, repl, resultConflict, problemInProgress.withRetryAfter(h.holds.retryAfter(notObtained.Remaining)))
-	case errors.Is(err, errNotGivenBack):
-		// Not fail_open: the key is still held, for a request that
-		// may run nowhere else meanwhile.
-		h.unavailable.warn(h.logger, "redis unavailable: answering 503", zap.String("key", rkey), zap.Error(err))
-		return h.reject(w, repl, resultUnavailable, problemUnavailable)
-	default:
-		return h.unavailableRedis(w, r, next, repl, rkey, err)
-	}
-}
-
-// beginAgain gives up pending, a request begun as Redis came back, and
-// begins it again once the answers given while Redis was away are stored
-// (settle). Its key may be free only because the lease of a holder that
-// could not store its answer ran out during the outage; that holder's
-// completion, woken by Redis's return too, is refused while another
-// request holds the key, and lands once this one lets go. Without this, a
-// retry that reached Redis a few milliseconds before that completion ran
-// the request again.
-//
-// A key that could not be given back is answered 503 (errNotGivenBack):
-// it stays held for its lease. The second begin waits only for what is
-// left of the `wait`.
-func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
-	at := h.client.back.lastBack()
-	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
-	}
-	metrics.settled.inc(settleBegunAgain)
-	settle(at)
-	opt := h.lockOptions()
-	opt.Wait = max(opt.Wait-time.Since(start), 0)
-	return h.store.Begin(ctx, rkey, fingerprint, opt)
-}
-
-// errNotGivenBack is a key begun as Redis came back that could not be
-// given back for the second begin.
-var errNotGivenBack = errors.New("redis_lock: a key begun as Redis came back could not be given back")
-
-// serveRecorded runs a new request with its record in progress, and stores
-// its outcome (or gives the record up) before the response completes.
-func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, pending *record.Pending) error {
-	lk := pending.Lock
-	q := h.hold(w, r, repl, lk)
-	rec := newRecordingWriter(q.hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead, h.Idempotency.ReplayCookies)
-	// store stores resp (nil: gives the record up) and releases the lock,
-	// waiting on Redis for at most the client's timeout.
-	store := func(resp *record.Response, lost bool) {
-		q.giveBack(func(done func()) {
-			if resp == nil {
-				err := pending.Abandon(r.Context())
-				observeRelease(err)
-				done()
-				if err != nil && !errors.Is(err, lock.ErrNotHeld) {
-					h.releaseWarn.warn(h.logger, "giving up a record", zap.String("key", lk.Key()), zap.Error(err))
-				}
-				return
-			}
-			h.complete(r.Context(), pending, resp, lost, done)
-		})
-	}
-	// A panic is an answer that broke off or never came: sent, not
-	// answered.
-	defer q.recoverPanic(func(lost bool) { store(h.unknownOutcome(), lost) })
-
-	restrictAcceptEncoding(r)
-	req := q.upstream()
-	defer q.end()
-	nextErr := next.ServeHTTP(rec, req)
-
-	lost, cause := q.lost()
-	if lost {
-		h.lockLost(lk, cause)
-	}
-	switch {
-	case lost && h.LostLock == LostLockAbort:
-		// The upstream request was cancelled: sent, maybe done, not
-		// answered. The answer is due now: the outcome is stored in the
-		// background.
-		store(h.unknownOutcome(), true)
-		if q.hw.started {
-			q.abort()
-		}
-		q.count(resultLost)
-		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
-	case nextErr != nil && q.hw.started:
-		// The answer broke off after it began: what was recorded is not
-		// the whole answer.
-		store(h.unknownOutcome(), lost)
-	case q.unanswered(nextErr):
-		// Sent, maybe done, not answered.
-		store(h.unknownOutcome(), lost)
-		q.countUnanswered(lost)
-		return q.close(h.writeStoredProblem(q.hw, problemOutcomeUnknown))
-	case nextErr != nil:
-		// Never reached a backend: nothing to keep, a retry runs.
-		store(nil, lost)
-	case !h.Idempotency.policy.stores(rec.status):
-		store(nil, lost)
-	default:
-		store(rec.response(), lost)
-	}
-	q.countOutcome(lost)
-	return q.close(nextErr)
-}
 
 // complete stores resp as the outcome of p's request. When Redis does not
 // answer, it tries again in the background until the lease has passed once
@@ -397,30 +238,8 @@ func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, g
 	}
 }
 
-// neverReached reports whether next failed before any backend could act on
-// the request: a refused connection, no upstream available, or a status
-// that says "not processed". Any other error after the request may have
-// gone out leaves the outcome unknown.
-func neverReached(err error) bool {
-	var dialErr reverseproxy.DialError
-	if errors.As(err, &dialErr) {
-		return true
-	}
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) {
-		return notProcessed(he.StatusCode) || (he.StatusCode >= 400 && he.StatusCode < 500)
-	}
-	return false
-}
-
 // unknownOutcome is the record of a request whose answer never came.
 func (h *Handler) unknownOutcome() *record.Response {
 	p := problemOutcomeUnknown
 	return &record.Response{Outcome: record.Unknown, Status: p.status, Header: p.headers(), Body: p.json}
-}
-
-// writeStoredProblem answers the request itself with p, as its retries will
-// be answered from the record, whatever the errors setting.
-func (h *Handler) writeStoredProblem(w http.ResponseWriter, p problem) error {
-	return writeProblemBody(w, p)
 }

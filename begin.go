@@ -1,0 +1,64 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/record"
+)
+
+// begin begins an idempotent request under its record: a new one has its
+// record in progress (Pending); a completed one's answer is a
+// *record.CompletedError, another request's key record.ErrMismatch, one in
+// progress a *lock.NotObtainedError. The record outlives the client: a
+// request that begins runs on, and its answer is stored, when the client
+// goes away (bounded by the lease and its renewal), so that the client's
+// retry gets it. Just after Redis's return, the answers other requests got
+// while it was away are stored first (settle, beginAgain).
+func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, start time.Time) (*record.Pending, error) {
+	repl.Set(phRecordKey, record.Key(k.lock))
+	ctx := context.WithoutCancel(r.Context())
+	backAt := h.client.back.lastBack()
+	if settle(backAt) {
+		metrics.settled.inc(settleWaited)
+	}
+	pending, err := h.store.Begin(ctx, k.lock, k.fingerprint, h.lockOptions())
+	if err == nil && h.client.back.lastBack() != backAt {
+		pending, err = h.beginAgain(ctx, pending, k.lock, k.fingerprint, start)
+	}
+	return pending, err
+}
+
+// beginAgain gives up pending, a request begun as Redis came back, and
+// begins it again once the answers given while Redis was away are stored
+// (settle). Its key may be free only because the lease of a holder that
+// could not store its answer ran out during the outage; that holder's
+// completion, woken by Redis's return too, is refused while another
+// request holds the key, and lands once this one lets go: a retry that
+// reaches Redis just before that completion must not run the request
+// again.
+//
+// A key that could not be given back is answered 503 (errNotGivenBack):
+// it stays held for its lease. The second begin waits only for what is
+// left of the `wait`.
+func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
+	at := h.client.back.lastBack()
+	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
+	}
+	metrics.settled.inc(settleBegunAgain)
+	settle(at)
+	opt := h.lockOptions()
+	opt.Wait = max(opt.Wait-time.Since(start), 0)
+	return h.store.Begin(ctx, rkey, fingerprint, opt)
+}
+
+// errNotGivenBack is a key begun as Redis came back that could not be
+// given back for the second begin.
+var errNotGivenBack = errors.New("redis_lock: a key begun as Redis came back could not be given back")
