@@ -104,21 +104,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveIdempotent(w, r, next, repl, rkey, h.Idempotency.fingerprint(r, body, canonical))
 	}
 	start := time.Now()
-	h.client.hold()
+	unhold := h.conn.Hold()
 	ctx, keep := untilAcquired(r.Context(), h.Wait > 0)
 	lk, err := h.locker.Acquire(ctx, rkey, h.lockOptions())
 	if err == nil && !keep() {
 		// The client left as the lock was taken: nothing ran.
-		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); h.client.done() })
+		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); unhold() })
 		h.count(repl, resultCancelled)
 		return nil
 	}
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.serveLocked(w, r, next, repl, lk)
+		return h.serveLocked(w, r, next, repl, lk, unhold)
 	}
 	keep()
-	h.client.done()
+	unhold()
 	var notObtained *lock.NotObtainedError
 	switch {
 	case errors.As(err, &notObtained):
@@ -173,8 +173,8 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 // serveLocked calls next while lk is held and releases lk before the last
 // byte of the response is written, whatever next does (returns, fails,
 // panics). next runs detached from the client (heldRequest.upstream).
-func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
-	q := h.hold(w, r, repl, lk)
+func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock, unhold func()) error {
+	q := h.hold(w, r, repl, lk, unhold)
 	// release deletes the lock before the response completes, waiting on
 	// Redis for at most the client's timeout. A lost lock is released in
 	// the background: its answer is due now, at the local deadline.

@@ -22,6 +22,7 @@ type heldRequest struct {
 	r        *http.Request
 	repl     *caddy.Replacer
 	lk       *lock.Lock
+	unhold   func()      // ends the request's hold on the Redis connection
 	hw       *holdWriter // holds back the response's end until the give-back
 	acquired time.Time
 	given    bool // the lock was given back
@@ -35,15 +36,16 @@ type heldRequest struct {
 }
 
 // hold starts r's run under lk, with its result acquired and its fencing
-// token set (runUnder).
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock) *heldRequest {
+// token set (runUnder); unhold ends its hold on the Redis connection once
+// the lock is given back.
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock, unhold func()) *heldRequest {
 	h.runUnder(r, repl, lk)
-	return &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), acquired: time.Now()}
+	return &heldRequest{h: h, r: r, repl: repl, lk: lk, unhold: unhold, hw: newHoldWriter(w), acquired: time.Now()}
 }
 
-// giveBack gives the lock back once, with how long it was held: back does
+// giveBack gives the lock back once, with how long it was held: give does
 // it and calls done when its work, in the background or not, is over.
-func (q *heldRequest) giveBack(back func(done func())) {
+func (q *heldRequest) giveBack(give func(done func())) {
 	if q.given {
 		return
 	}
@@ -51,7 +53,7 @@ func (q *heldRequest) giveBack(back func(done func())) {
 	held := time.Since(q.acquired)
 	metrics.hold.Observe(held.Seconds())
 	q.h.holds.observe(held)
-	back(q.h.client.done)
+	give(q.unhold)
 }
 
 // upstream is r as next gets it: detached from the client, and sent

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
@@ -40,22 +41,22 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	// lease and its renewal), so that the client's retry gets it.
 	ctx := context.WithoutCancel(r.Context())
 	start := time.Now()
-	h.client.hold()
-	// Just after Redis's return, the answers other requests got while it
+	unhold := h.conn.Hold()
+	// Just after Redis's recovery, the answers other requests got while it
 	// was away are stored first.
-	backAt := h.client.back.lastBack()
-	if settle(backAt) {
+	recoveredAt := h.conn.Recovery().Last()
+	if redisconn.Settle(recoveredAt) {
 		metrics.settled.inc(settleWaited)
 	}
 	pending, err := h.store.Begin(ctx, rkey, fingerprint, h.lockOptions())
-	if err == nil && h.client.back.lastBack() != backAt {
+	if err == nil && h.conn.Recovery().Last() != recoveredAt {
 		pending, err = h.beginAgain(ctx, pending, rkey, fingerprint, start)
 	}
 	if err == nil {
 		metrics.wait.Observe(time.Since(start).Seconds())
-		return h.serveRecorded(w, r, next, repl, pending)
+		return h.serveRecorded(w, r, next, repl, pending, unhold)
 	}
-	h.client.done()
+	unhold()
 	var done *record.CompletedError
 	var notObtained *lock.NotObtainedError
 	switch {
@@ -77,11 +78,11 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	}
 }
 
-// beginAgain gives up pending, a request begun as Redis came back, and
+// beginAgain gives up pending, a request begun as Redis recovered, and
 // begins it again once the answers given while Redis was away are stored
 // (settle). Its key may be free only because the lease of a holder that
 // could not store its answer ran out during the outage; that holder's
-// completion, woken by Redis's return too, is refused while another
+// completion, woken by Redis's recovery too, is refused while another
 // request holds the key, and lands once this one lets go. Without this, a
 // retry that reached Redis a few milliseconds before that completion ran
 // the request again.
@@ -90,26 +91,26 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 // it stays held for its lease. The second begin waits only for what is
 // left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
-	at := h.client.back.lastBack()
+	at := h.conn.Recovery().Last()
 	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	metrics.settled.inc(settleBegunAgain)
-	settle(at)
+	redisconn.Settle(at)
 	opt := h.lockOptions()
 	opt.Wait = max(opt.Wait-time.Since(start), 0)
 	return h.store.Begin(ctx, rkey, fingerprint, opt)
 }
 
-// errNotGivenBack is a key begun as Redis came back that could not be
+// errNotGivenBack is a key begun as Redis recovered that could not be
 // given back for the second begin.
 var errNotGivenBack = errors.New("redis_lock: a key begun as Redis came back could not be given back")
 
 // serveRecorded runs a new request with its record in progress, and stores
 // its outcome (or gives the record up) before the response completes.
-func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, pending *record.Pending) error {
+func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, pending *record.Pending, unhold func()) error {
 	lk := pending.Lock
-	q := h.hold(w, r, repl, lk)
+	q := h.hold(w, r, repl, lk, unhold)
 	rec := newRecordingWriter(q.hw, h.Idempotency.MaxResponse, r.Method == http.MethodHead, h.Idempotency.ReplayCookies)
 	// store stores resp (nil: gives the record up) and releases the lock,
 	// waiting on Redis for at most the client's timeout.
@@ -283,16 +284,15 @@ func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *re
 		retryFor = max(retryFor, unackedRetryFor)
 	}
 	deadline := since.Add(retryFor)
-	back := h.client.back.next()
+	recovered := h.conn.Recovery().Watch()
 	bulk := record.Bulk(resp)
 	for pause := time.Duration(0); time.Now().Before(deadline) && retried(err); pause = completeRetryPause {
 		if bulk && timedOut(err) && p.Context().Err() == nil {
 			break
 		}
 		// The first try at once (a lost lock's answer has had none);
-		// then at once when Redis is back.
-		waitOrBack(back, pause)
-		back = h.client.back.next()
+		// then at once when Redis recovers.
+		recovered.Wait(pause)
 		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
 	}
 	return err
@@ -343,17 +343,18 @@ func again(err error) bool {
 
 // completeRetryFor is how long an outcome is tried again in the background
 // while Redis does not answer (at least a lease): a retry that comes once
-// Redis is back finds it, unless it comes within a reconnect
-// (redialInterval) and a round trip of Redis's return, when the tries are
-// woken (redisBack), or a try's own timeout when one was in flight.
+// Redis recovered finds it, unless it comes within a reconnect
+// (redisconn.RedialInterval) and a round trip of Redis's recovery, when the
+// tries are woken (redisconn.Recovery), or a try's own timeout when one was
+// in flight.
 const completeRetryFor = 10 * time.Second
 
 // completeRetryPause is the pause between two tries of an outcome: as
-// short as the pools' probe's (redialInterval), as a node whose pool did
-// not go over to the probe is woken by nothing but its own tries. A try
-// that fails fast (Redis refusing connections) costs a dial; one against a
-// hung Redis waits its timeout; at most MaxBackground run at once.
-const completeRetryPause = redialInterval
+// short as the pools' probe's (redisconn.RedialInterval), as a node whose
+// pool did not go over to the probe is woken by nothing but its own tries.
+// A try that fails fast (Redis refusing connections) costs a dial; one
+// against a hung Redis waits its timeout; at most MaxBackground run at once.
+const completeRetryPause = redisconn.RedialInterval
 
 // unackedRetryFor is how long an answer stored but not acknowledged by
 // the replicas (`replicas`) is written again: through a failover, whose
