@@ -71,6 +71,43 @@ type replyError string
 func (e replyError) Error() string { return string(e) }
 func (replyError) RedisError()     {}
 
+// A Watch is ended by a recovery that came while its caller was busy (a
+// try in flight) as well as by one during the wait; once woken, it waits
+// for the next one.
+func TestWatchWakesOnRecovery(t *testing.T) {
+	rec := newRecovery()
+	w := rec.Watch()
+	rec.recovered() // while a try runs
+	start := time.Now()
+	if !w.Wait(5 * time.Second) {
+		t.Fatal("a recovery before the wait did not end it")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("woken after %v, want at once", d)
+	}
+	if w.Wait(10 * time.Millisecond) {
+		t.Fatal("woken again by the same recovery")
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		rec.recovered()
+	}()
+	start = time.Now()
+	if !w.Wait(5 * time.Second) {
+		t.Fatal("a recovery during the wait did not end it")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("woken after %v, want about 20ms", d)
+	}
+	rec.recovered()
+	if w.Wait(0) {
+		t.Fatal("a wait of 0 reported a wake-up: it does not wait")
+	}
+	if closed(w.Recovered()) {
+		t.Fatal("after a wait, a recovery before it still counts")
+	}
+}
+
 // Settling counts on the monotonic clock from a recovery, and never waits
 // longer than SettleFor. A recovery the pools' probe tells (recovered)
 // counts as one that a command's success tells.
@@ -91,5 +128,20 @@ func TestSettling(t *testing.T) {
 	}
 	if d := settling(now() + Moment(time.Hour)); d != SettleFor {
 		t.Fatalf("a recovery after now: settling %v, want at most %v", d, SettleFor)
+	}
+}
+
+// Settle sleeps out what is left of SettleFor, and nothing without a
+// recovery.
+func TestSettle(t *testing.T) {
+	start := time.Now()
+	if !Settle(now()) {
+		t.Fatal("just recovered: Settle did not sleep")
+	}
+	if d := time.Since(start); d < SettleFor-50*time.Millisecond {
+		t.Fatalf("Settle slept %v, want about %v", d, SettleFor)
+	}
+	if Settle(0) {
+		t.Fatal("no recovery: Settle slept")
 	}
 }
