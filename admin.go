@@ -128,11 +128,11 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if q.Get("key") == "" {
 		return apiError(http.StatusBadRequest, "key is required: the expanded key template, such as the Idempotency-Key header's value")
 	}
-	h, err := holdHandler(func(all []*Handler) (*Handler, error) { return findHandler(all, q.Get("name")) })
+	h, unhold, err := holdHandler(func(all []*Handler) (*Handler, error) { return findHandler(all, q.Get("name")) })
 	if err != nil {
 		return err
 	}
-	defer h.client.done()
+	defer unhold()
 	// A scope left out (or given to a handler without one) names a key
 	// that no request can have: say so rather than answer "none".
 	if h.Scope != "" && q.Get("scope") == "" {

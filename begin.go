@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
@@ -19,27 +20,27 @@ import (
 // progress a *lock.NotObtainedError. The record outlives the client: a
 // request that begins runs on, and its answer is stored, when the client
 // goes away (bounded by the lease and its renewal), so that the client's
-// retry gets it. Just after Redis's return, the answers other requests got
+// retry gets it. Just after Redis's recovery, the answers other requests got
 // while it was away are stored first (settle, beginAgain).
 func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, start time.Time) (*record.Pending, error) {
 	repl.Set(phRecordKey, record.Key(k.lock))
 	ctx := context.WithoutCancel(r.Context())
-	backAt := h.client.back.lastBack()
-	if settle(backAt) {
+	recoveredAt := h.conn.Recovery().Last()
+	if redisconn.Settle(recoveredAt) {
 		metrics.settled.inc(settleWaited)
 	}
 	pending, err := h.store.Begin(ctx, k.lock, k.fingerprint, h.lockOptions())
-	if err == nil && h.client.back.lastBack() != backAt {
+	if err == nil && h.conn.Recovery().Last() != recoveredAt {
 		pending, err = h.beginAgain(ctx, pending, k.lock, k.fingerprint, start)
 	}
 	return pending, err
 }
 
-// beginAgain gives up pending, a request begun as Redis came back, and
+// beginAgain gives up pending, a request begun as Redis recovered, and
 // begins it again once the answers given while Redis was away are stored
 // (settle). Its key may be free only because the lease of a holder that
 // could not store its answer ran out during the outage; that holder's
-// completion, woken by Redis's return too, is refused while another
+// completion, woken by Redis's recovery too, is refused while another
 // request holds the key, and lands once this one lets go: a retry that
 // reaches Redis just before that completion must not run the request
 // again.
@@ -48,17 +49,17 @@ func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, sta
 // it stays held for its lease. The second begin waits only for what is
 // left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
-	at := h.client.back.lastBack()
+	at := h.conn.Recovery().Last()
 	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	metrics.settled.inc(settleBegunAgain)
-	settle(at)
+	redisconn.Settle(at)
 	opt := h.lockOptions()
 	opt.Wait = max(opt.Wait-time.Since(start), 0)
 	return h.store.Begin(ctx, rkey, fingerprint, opt)
 }
 
-// errNotGivenBack is a key begun as Redis came back that could not be
+// errNotGivenBack is a key begun as Redis recovered that could not be
 // given back for the second begin.
-var errNotGivenBack = errors.New("redis_lock: a key begun as Redis came back could not be given back")
+var errNotGivenBack = errors.New("redis_lock: a key begun as Redis recovered could not be given back")

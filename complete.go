@@ -9,13 +9,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // complete stores resp as the outcome of p's request. When Redis does not
 // answer, it tries again in the background until the lease has passed once
-// more, so that a retry that comes once Redis is back finds the outcome
+// more, so that a retry that comes once Redis has recovered finds the outcome
 // (complete.lua still writes it while no other request has the key). A lost
 // lock's answer is due at once: its outcome is stored in the background
 // from the first attempt. An outcome stored on the primary but not
@@ -124,16 +125,15 @@ func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *re
 		retryFor = max(retryFor, unackedRetryFor)
 	}
 	deadline := since.Add(retryFor)
-	back := h.client.back.next()
+	recovered := h.conn.Recovery().Watch()
 	bulk := record.Bulk(resp)
 	for pause := time.Duration(0); time.Now().Before(deadline) && retried(err); pause = completeRetryPause {
 		if bulk && timedOut(err) && p.Context().Err() == nil {
 			break
 		}
 		// The first try at once (a lost lock's answer has had none);
-		// then at once when Redis is back.
-		waitOrBack(back, pause)
-		back = h.client.back.next()
+		// then at once when Redis recovers.
+		recovered.Wait(pause)
 		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
 	}
 	return err
@@ -184,17 +184,18 @@ func again(err error) bool {
 
 // completeRetryFor is how long an outcome is tried again in the background
 // while Redis does not answer (at least a lease): a retry that comes once
-// Redis is back finds it, unless it comes within a reconnect
-// (redialInterval) and a round trip of Redis's return, when the tries are
-// woken (redisBack), or a try's own timeout when one was in flight.
+// Redis recovered finds it, unless it comes within a reconnect
+// (redisconn.RedialInterval) and a round trip of Redis's recovery, when the
+// tries are woken (redisconn.Recovery), or a try's own timeout when one was
+// in flight.
 const completeRetryFor = 10 * time.Second
 
 // completeRetryPause is the pause between two tries of an outcome: as
-// short as the pools' probe's (redialInterval), as a node whose pool did
-// not go over to the probe is woken by nothing but its own tries. A try
-// that fails fast (Redis refusing connections) costs a dial; one against a
-// hung Redis waits its timeout; at most MaxBackground run at once.
-const completeRetryPause = redialInterval
+// short as the pools' probe's (redisconn.RedialInterval), as a node whose
+// pool did not go over to the probe is woken by nothing but its own tries.
+// A try that fails fast (Redis refusing connections) costs a dial; one
+// against a hung Redis waits its timeout; at most MaxBackground run at once.
+const completeRetryPause = redisconn.RedialInterval
 
 // unackedRetryFor is how long an answer stored but not acknowledged by
 // the replicas (`replicas`) is written again: through a failover, whose

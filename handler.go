@@ -46,8 +46,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	start := time.Now()
-	h.client.hold()
-	release := h.client.done
+	unhold := h.conn.Hold()
 	var lk *lock.Lock
 	var pending *record.Pending
 	if h.Idempotency != nil {
@@ -57,30 +56,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			restrictAcceptEncoding(r)
 		}
 	} else {
-		lk, err = h.acquire(r, k.lock, release)
+		lk, err = h.acquire(r, k.lock, unhold)
 	}
 	if err != nil {
 		if !errors.Is(err, errClientLeft) {
-			release() // a lock taken as the client left lets go itself
+			unhold() // a lock taken as the client left lets go itself
 		}
 		return h.notTaken(w, r, next, repl, k.lock, err, start)
 	}
 	metrics.wait.Observe(time.Since(start).Seconds())
-	return h.hold(w, r, repl, lk, pending, release).run(next)
+	return h.hold(w, r, repl, lk, pending, unhold).run(next)
 }
 
 // acquire takes the lock of a lock-only request. The client's leaving ends
 // a wait; a lock taken just as the client left is given back at once in
 // the background (nothing ran under it), which lets go of the client's
-// hold (release), and either is errClientLeft.
-func (h *Handler) acquire(r *http.Request, rkey string, release func()) (*lock.Lock, error) {
+// hold (unhold), and either is errClientLeft.
+func (h *Handler) acquire(r *http.Request, rkey string, unhold func()) (*lock.Lock, error) {
 	ctx, keep := untilAcquired(r.Context(), h.Wait > 0)
 	lk, err := h.locker.Acquire(ctx, rkey, h.lockOptions())
 	stayed := keep()
 	var busy *lock.NotObtainedError
 	switch {
 	case err == nil && !stayed:
-		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); release() })
+		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); unhold() })
 		return nil, errClientLeft
 	case err != nil && !errors.As(err, &busy) && r.Context().Err() != nil:
 		return nil, fmt.Errorf("%w: %w", errClientLeft, err)

@@ -18,7 +18,7 @@ import (
 // heldRequest is a request running under its key, from the acquire (or the
 // record's begin) to the end of its response: the path both modes share.
 // Its mode says only how the key is given back (giveBack). It owns the
-// client's hold, let go once the key is given back.
+// hold on the Redis connection, ended once the key is given back.
 type heldRequest struct {
 	h        *Handler
 	r        *http.Request
@@ -26,7 +26,7 @@ type heldRequest struct {
 	lk       *lock.Lock
 	hw       *holdWriter // holds back the response's end until the give-back
 	back     giveBack
-	release  func() // lets go of the Redis client's hold
+	unhold   func() // ends the request's hold on the Redis connection
 	acquired time.Time
 	given    bool // the key was given back
 	counted  bool // the request's result was counted
@@ -43,11 +43,11 @@ type heldRequest struct {
 }
 
 // hold starts r's run under lk (pending's lock, with idempotency), with
-// its result acquired and its fencing token set (runUnder). release lets
-// go of the client's hold.
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock, pending *record.Pending, release func()) *heldRequest {
+// its result acquired and its fencing token set (runUnder). unhold ends its
+// hold on the Redis connection once the key is given back.
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock, pending *record.Pending, unhold func()) *heldRequest {
 	h.runUnder(r, repl, lk)
-	q := &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), release: release, acquired: time.Now()}
+	q := &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), unhold: unhold, acquired: time.Now()}
 	if pending != nil {
 		q.recordGB = recordGiveBack{h: h, r: r, pending: pending}
 		q.back = &q.recordGB
@@ -102,7 +102,7 @@ func (q *heldRequest) giveBack(o outcome) {
 	held := time.Since(q.acquired)
 	metrics.hold.Observe(held.Seconds())
 	q.h.holds.observe(held)
-	q.back.give(o, q.release)
+	q.back.give(o, q.unhold)
 }
 
 // errClientGoneTooLong ends a request whose client left a lease ago.

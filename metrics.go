@@ -102,7 +102,7 @@ func initMetrics() {
 	}, "write", writeLock, writeRenewal, writeAnswer)
 	metrics.settled = newLabelledBy(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "settled_total",
-		Help: "Idempotent requests that waited after Redis came back, so that the answers given while it was away are stored first, by step (waited: before the begin; begun_again: begun as Redis came back, given back and begun again).",
+		Help: "Idempotent requests that waited after Redis recovered from an outage, so that the answers given while it was away are stored first, by step (waited: before the begin; begun_again: begun as Redis recovered, given back and begun again).",
 	}, "step", settleWaited, settleBegunAgain)
 	metrics.givenUp = newLabelledBy(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "answers_given_up_total",

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
@@ -152,7 +153,7 @@ type Handler struct {
 	locker      *lock.Client
 	store       *record.Store // idempotency records; nil without idempotency
 	readsBody   bool          // the key, the scope or the fingerprint reads the body
-	client      *pooledClient
+	conn        *redisconn.Conn
 	poolKey     string
 	logger      *zap.Logger
 	keyTmpl     template
@@ -178,7 +179,7 @@ func (*Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision applies defaults and gets a Redis client from the shared pool.
+// Provision applies defaults and gets a Redis connection from the shared pool.
 // It never contacts Redis, so `caddy validate` works while Redis is down.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
@@ -211,13 +212,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
-	client, key, err := acquireClient(rc)
+	conn, key, err := acquireConn(rc)
 	if err != nil {
 		return fmt.Errorf("redis_lock: %w", err)
 	}
-	h.client, h.poolKey = client, key
+	h.conn, h.poolKey = conn, key
 	h.redisMode = rc.Mode
-	h.locker = lock.NewWithBackend(client.backend, &lock.Config{
+	h.locker = lock.NewWithBackend(conn.Backend(), &lock.Config{
 		OnRenew: observeRenew,
 		// One attempt and at most one retry, pool wait and dial included;
 		// a release holds the end of a response for at most one.
@@ -309,8 +310,8 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup gives the Redis client back to the shared pool; the last user
-// closes it.
+// Cleanup gives the Redis connection back to the shared pool; the last
+// user retires it.
 func (h *Handler) Cleanup() error {
 	unregister(h)
 	if h.poolKey == "" {
@@ -318,7 +319,7 @@ func (h *Handler) Cleanup() error {
 	}
 	key := h.poolKey
 	h.poolKey = ""
-	return releaseClient(key)
+	return releaseConn(key)
 }
 
 // Interface guards.

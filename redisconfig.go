@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 )
 
 // Redis connection modes.
@@ -22,7 +24,7 @@ const (
 // Defaults of the Redis connection.
 const (
 	DefaultRedisAddress = "127.0.0.1:6379"
-	DefaultDialTimeout  = 2 * time.Second
+	DefaultDialTimeout  = redisconn.DefaultDialTimeout
 	DefaultTimeout      = time.Second
 )
 

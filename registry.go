@@ -62,18 +62,17 @@ func activeHandlers() []*Handler {
 	return activeLocked()
 }
 
-// holdHandler is pick's choice among the active handlers, its Redis client
-// held (release with h.client.done) before the registry is unlocked: a
-// Cleanup that runs meanwhile unregisters first, and its client then stays
-// open until the hold ends.
-func holdHandler(pick func([]*Handler) (*Handler, error)) (*Handler, error) {
+// holdHandler is pick's choice among the active handlers, its Redis
+// connection held (until unhold) before the registry is unlocked: a Cleanup
+// that runs meanwhile unregisters first, and its connection then stays open
+// until the hold ends.
+func holdHandler(pick func([]*Handler) (*Handler, error)) (h *Handler, unhold func(), err error) {
 	registry.Lock()
 	defer registry.Unlock()
-	h, err := pick(activeLocked())
-	if err == nil {
-		h.client.hold()
+	if h, err = pick(activeLocked()); err != nil {
+		return nil, nil, err
 	}
-	return h, err
+	return h, h.conn.Hold(), nil
 }
 
 // activeLocked is activeHandlers with the registry locked.

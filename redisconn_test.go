@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -35,12 +36,12 @@ func TestClientPool(t *testing.T) {
 	if a.poolKey != b.poolKey || a.poolKey == c.poolKey {
 		t.Fatal("same settings must share a pool entry, different ones must not")
 	}
-	shared, loaded, _ := clients.LoadOrNew(a.poolKey, nil)
-	clients.Delete(a.poolKey)
+	shared, loaded, _ := conns.LoadOrNew(a.poolKey, nil)
+	conns.Delete(a.poolKey)
 	if !loaded {
 		t.Fatal("no pooled client for the handlers' key")
 	}
-	backend := shared.(*pooledClient).backend
+	backend := shared.(*redisconn.Conn).Backend()
 	try := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -1,9 +1,6 @@
 package redislock
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -11,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
@@ -72,65 +70,6 @@ func answeredWhileRedisStops(t *testing.T, s *caddySite, be *recorder, srv *redi
 	return first
 }
 
-// A server is back when a command succeeds after a failure to reach it;
-// Redis's own error replies are answers, and successes alone wake nothing.
-func TestServerHealthTellsBack(t *testing.T) {
-	b := newRedisBack()
-	s := serverHealth{b: b}
-	closed := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
-	ch := b.next()
-	s.report(nil)
-	s.report(replyError("NOSCRIPT No matching script")) // Redis answered
-	s.report(fmt.Errorf("call: %w", context.Canceled))  // the caller gave up
-	s.report(redis.ErrPoolTimeout)                      // a full local pool
-	s.report(nil)
-	if closed(ch) || b.lastBack() != 0 {
-		t.Fatal("woken with no failure before")
-	}
-	s.report(errors.New("dial tcp: connection refused"))
-	s.report(errors.New("i/o timeout"))
-	if closed(ch) {
-		t.Fatal("woken by a failure")
-	}
-	s.report(replyError("LOADING Redis is loading the dataset in memory"))
-	if closed(ch) {
-		t.Fatal("woken by a server still loading its data")
-	}
-	before := sinceStart()
-	s.report(replyError("NOSCRIPT No matching script"))
-	if !closed(ch) {
-		t.Fatal("an answer after a failure woke nothing")
-	}
-	if at := b.lastBack(); at < before || at > sinceStart() {
-		t.Fatalf("lastBack %d, want the moment of the answer (after %d)", at, before)
-	}
-	next := b.next()
-	s.report(nil)
-	if closed(next) {
-		t.Fatal("woken again with no failure in between")
-	}
-	start := time.Now()
-	if waitOrBack(next, 50*time.Millisecond) {
-		t.Fatal("woken with nothing closed")
-	}
-	if d := time.Since(start); d < 50*time.Millisecond {
-		t.Fatalf("waited %v with no wake-up, want its 50ms", d)
-	}
-}
-
-// replyError is an error reply of Redis, as go-redis returns one.
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
-func (replyError) RedisError()     {}
-
 // A retry that reaches Redis first after an outage, on a node that saw the
 // outage, does not run the request again: the node lets the answers given
 // meanwhile land first (settle). Node A answers while Redis is down, and
@@ -189,30 +128,7 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 	}
 	// Settling and the round trips, on a busy machine (B's reconnect,
 	// before, is another test's).
-	if bound := settleFor + 2*redisTimeout + slack; took > bound {
+	if bound := redisconn.SettleFor + 2*redisTimeout + slack; took > bound {
 		t.Errorf("the replay came %v after the retry was sent, want at most %v", took, bound)
-	}
-}
-
-// Settling counts on the monotonic clock from a return, and never waits
-// longer than settleFor. A return the pools' probe tells (back) counts as
-// one that a command's success tells.
-func TestSettling(t *testing.T) {
-	b := newRedisBack()
-	b.back()
-	if d := settling(b.lastBack()); d <= 0 {
-		t.Fatalf("just after the probe's back: settling %v, want about %v", d, settleFor)
-	}
-	if d := settling(0); d != 0 {
-		t.Fatalf("no return: settling %v, want 0", d)
-	}
-	if d := settling(sinceStart()); d <= settleFor-50*time.Millisecond || d > settleFor {
-		t.Fatalf("just back: settling %v, want about %v", d, settleFor)
-	}
-	if d := settling(sinceStart() - int64(settleFor)); d > 0 {
-		t.Fatalf("back settleFor ago: settling %v, want none", d)
-	}
-	if d := settling(sinceStart() + int64(time.Hour)); d != settleFor {
-		t.Fatalf("a return after now: settling %v, want at most %v", d, settleFor)
 	}
 }

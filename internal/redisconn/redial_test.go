@@ -1,7 +1,7 @@
-package redislock
+package redisconn
 
 // How soon a node that saw Redis go away can store an answer again once
-// Redis is back: the window in which a retry on another node may run a
+// Redis recovers: the window in which a retry on another node may run a
 // request whose answer is on its way to Redis (docs/idempotency.md,
 // "Failures").
 
@@ -22,8 +22,8 @@ import (
 // redial cycle is chance, so a single one says little.
 const redialTrials = 6
 
-// TestRedialAfterRestartWithinBound: the handler's own client (newBackend
-// and lock.Client as Provision builds them) holds an answer while Redis is
+// TestRedialAfterRestartWithinBound: the handler's own client (a Conn, and
+// lock.Client as the handler builds it) holds an answer while Redis is
 // killed, tries to store it until its pool gives up dialling (more failed
 // dials than its size), and keeps trying every 10ms; Redis restarts from
 // its AOF. Each time, the answer must be stored within redialBound of Redis
@@ -32,18 +32,15 @@ const redialTrials = 6
 func TestRedialAfterRestartWithinBound(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, "--appendonly", "yes")
-	rc, err := (&RedisConfig{Addresses: []string{srv.Addr}}).resolve()
+	const timeout = time.Second // the handler's default
+	conn, err := Open(Options{Addresses: []string{srv.Addr}, DialTimeout: DefaultDialTimeout, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend, back, closeBackend, err := newBackend(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = closeBackend() })
-	locker := lock.NewWithBackend(backend, &lock.Config{
-		CallTimeout:    2 * time.Duration(rc.Timeout),
-		ReleaseTimeout: time.Duration(rc.Timeout),
+	t.Cleanup(func() { _ = conn.Destruct() })
+	locker := lock.NewWithBackend(conn.Backend(), &lock.Config{
+		CallTimeout:    2 * timeout,
+		ReleaseTimeout: timeout,
 	})
 	store, err := record.NewStore(locker)
 	if err != nil {
@@ -56,7 +53,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 
 	var worst time.Duration
 	for trial := range redialTrials {
-		key := lock.Key(DefaultPrefix, "", "redial-"+strconv.Itoa(trial))
+		key := lock.Key(lock.DefaultPrefix, "", "redial-"+strconv.Itoa(trial))
 		lk, err := store.Begin(ctx, key, fingerprint, lock.Options{TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
@@ -72,17 +69,17 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 		}
 		// A refused dial fails its command at once, probe or no probe: no
 		// call waits out its timeout (a dial kept waiting for Redis would).
-		if slowest >= time.Duration(rc.Timeout) {
+		if slowest >= timeout {
 			t.Fatalf("trial %d: a completion with Redis down took %v, its whole timeout", trial, slowest)
 		}
 		// Restart returns once Redis answers a PING (polled every 20ms).
-		woken := back.next()
+		woken := conn.Recovery().Watch().Recovered()
 		if err := srv.Restart(); err != nil {
 			t.Fatal(err)
 		}
 		up := time.Now()
 		// The pool's probe connecting alone, with no command sent, wakes
-		// the tries that wait for Redis (redisBack).
+		// the tries that wait for Redis (Recovery).
 		select {
 		case <-woken:
 		case <-time.After(2 * time.Second):
@@ -109,6 +106,6 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 }
 
 // redialBound is the documented bound: the pool's probe dials every
-// redialInterval, then a connect and the round trip of the store, plus
+// RedialInterval, then a connect and the round trip of the store, plus
 // Restart's own PING polling (20ms), with room for a loaded machine.
 const redialBound = 150 * time.Millisecond
