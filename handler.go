@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -94,7 +94,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, repl, resultRejected, problemMissingKey)
 	}
 
-	rkey := lock.Key(h.Prefix, scope, key)
+	rkey := engine.Key(h.Prefix, scope, key)
 	repl.Set(phKey, rkey)
 	if h.Idempotency != nil {
 		canonical, err := h.Idempotency.canonicalJSON(body)
@@ -119,7 +119,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	keep()
 	h.client.done()
-	var notObtained *lock.NotObtainedError
+	var notObtained *engine.NotObtainedError
 	switch {
 	case errors.As(err, &notObtained):
 		metrics.wait.Observe(time.Since(start).Seconds())
@@ -151,7 +151,7 @@ func untilAcquired(client context.Context, wait bool) (ctx context.Context, keep
 // unavailableRedis answers a request whose lock could not be taken because
 // Redis failed: 503, or the request passed on unlocked with fail_open.
 func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error) error {
-	if errors.Is(err, lock.ErrNotReplicated) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		metrics.unacked.inc(writeLock)
 	}
 	result := resultUnavailable
@@ -173,7 +173,7 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 // serveLocked calls next while lk is held and releases lk before the last
 // byte of the response is written, whatever next does (returns, fails,
 // panics). next runs detached from the client (heldRequest.upstream).
-func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *lock.Lock) error {
+func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, lk *engine.Lock) error {
 	q := h.hold(w, r, repl, lk)
 	// release deletes the lock before the response completes, waiting on
 	// Redis for at most the client's timeout. A lost lock is released in
@@ -190,7 +190,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 			err := lk.Release(r.Context())
 			observeRelease(err)
 			done()
-			if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			if err != nil && !errors.Is(err, engine.ErrNotHeld) {
 				h.releaseWarn.warn(h.logger, "releasing lock", zap.String("key", lk.Key()), zap.Error(err))
 			}
 		})
@@ -234,7 +234,7 @@ func (h *Handler) serveLocked(w http.ResponseWriter, r *http.Request, next caddy
 
 // runUnder marks r as running under lk: its result acquired, its fencing
 // token in the placeholder and, unless turned off, the request header.
-func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock) {
+func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *engine.Lock) {
 	repl.Set(phFence, lk.Fence())
 	repl.Set(phResult, resultAcquired)
 	if !h.FencingHeaderOff {
@@ -243,7 +243,7 @@ func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock)
 }
 
 // lockLost logs and counts a lock lost while its request was in flight.
-func (h *Handler) lockLost(lk *lock.Lock, cause error) {
+func (h *Handler) lockLost(lk *engine.Lock, cause error) {
 	metrics.lost.Inc()
 	h.events.emit(eventLockLost, lk.Key(), h.recordKey(lk.Key()), lk.Fence(), resultLost)
 	h.logger.Warn("lock lost while the request was in flight",
@@ -294,10 +294,10 @@ func (h *Handler) count(repl *caddy.Replacer, result string) {
 }
 
 // lockOptions are the lock's options from the config.
-func (h *Handler) lockOptions() lock.Options {
+func (h *Handler) lockOptions() engine.Options {
 	renew := time.Duration(h.Renew)
 	if h.RenewOff {
-		renew = lock.NoRenew
+		renew = engine.NoRenew
 	}
-	return lock.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
+	return engine.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
 }

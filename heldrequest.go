@@ -10,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // heldRequest is a request running under its lock, from the acquire to the
@@ -21,7 +21,7 @@ type heldRequest struct {
 	h        *Handler
 	r        *http.Request
 	repl     *caddy.Replacer
-	lk       *lock.Lock
+	lk       *engine.Lock
 	hw       *holdWriter // holds back the response's end until the give-back
 	acquired time.Time
 	given    bool // the lock was given back
@@ -36,7 +36,7 @@ type heldRequest struct {
 
 // hold starts r's run under lk, with its result acquired and its fencing
 // token set (runUnder).
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock) *heldRequest {
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *engine.Lock) *heldRequest {
 	h.runUnder(r, repl, lk)
 	return &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), acquired: time.Now()}
 }
@@ -118,7 +118,7 @@ func (q *heldRequest) countUnanswered(lost bool) {
 // context ended.
 func (q *heldRequest) lost() (bool, error) {
 	cause := context.Cause(q.lk.Context())
-	return errors.Is(cause, lock.ErrNotHeld), cause
+	return errors.Is(cause, engine.ErrNotHeld), cause
 }
 
 // recoverPanic, deferred, gives the lock back as after a lost answer

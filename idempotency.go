@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -57,7 +57,7 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 	}
 	h.client.done()
 	var done *record.CompletedError
-	var notObtained *lock.NotObtainedError
+	var notObtained *engine.NotObtainedError
 	switch {
 	case errors.As(err, &done):
 		metrics.wait.Observe(time.Since(start).Seconds())
@@ -91,7 +91,7 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 // left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.client.back.lastBack()
-	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, engine.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	metrics.settled.inc(settleBegunAgain)
@@ -119,7 +119,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 				err := pending.Abandon(r.Context())
 				observeRelease(err)
 				done()
-				if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+				if err != nil && !errors.Is(err, engine.ErrNotHeld) {
 					h.releaseWarn.warn(h.logger, "giving up a record", zap.String("key", lk.Key()), zap.Error(err))
 				}
 				return
@@ -188,7 +188,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 		return
 	}
 	since := time.Now()
-	err := lock.ErrUnavailable
+	err := engine.ErrUnavailable
 	if !lost {
 		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
 	} else {
@@ -245,7 +245,7 @@ func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *rec
 // unacked warns of an answer stored but not acknowledged by the replicas:
 // answered, and written again in the background.
 func (h *Handler) unacked(p *record.Pending, err error) {
-	if errors.Is(err, lock.ErrNotReplicated) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		metrics.unacked.inc(writeAnswer)
 		h.unackedWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
 			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
@@ -310,7 +310,7 @@ func timedOut(err error) bool {
 // all along) is given up, and says so: an outcome-unknown record in its
 // place (giveUp).
 func (h *Handler) finish(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, err error) {
-	if errors.Is(err, lock.ErrUnavailable) && p.Context().Err() == nil && resp.Outcome != record.Unknown {
+	if errors.Is(err, engine.ErrUnavailable) && p.Context().Err() == nil && resp.Outcome != record.Unknown {
 		h.giveUp(ctx, p, lost, err)
 		return
 	}
@@ -338,7 +338,7 @@ func (h *Handler) giveUp(ctx context.Context, p *record.Pending, lost bool, err 
 
 // again reports whether a completion that ended with err is tried again.
 func again(err error) bool {
-	return errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrNotReplicated)
+	return errors.Is(err, engine.ErrUnavailable) || errors.Is(err, engine.ErrNotReplicated)
 }
 
 // completeRetryFor is how long an outcome is tried again in the background
@@ -364,8 +364,8 @@ const unackedRetryFor = 2 * time.Minute
 // stored counts and logs the end of a completion of a request whose lock
 // was lost or not. gaveUp, when not nil, is why resp, an outcome-unknown
 // record, was stored in the place of the answer (giveUp).
-func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, gaveUp error) {
-	if errors.Is(err, lock.ErrNotReplicated) {
+func (h *Handler) stored(lk *engine.Lock, resp *record.Response, lost bool, err, gaveUp error) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		// Stored and released on the primary: a failover can lose it.
 		h.unackedWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
 		err = nil

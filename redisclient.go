@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // tlsConfig builds the client TLS configuration; nil without TLS.
@@ -55,7 +55,7 @@ func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
 // newBackend builds the lock backend of a resolved config, what tells when
 // a server that failed is back, and what closes them. It does not connect:
 // go-redis dials lazily and reconnects by itself.
-func newBackend(c *RedisConfig) (lock.Backend, *redisBack, func() error, error) {
+func newBackend(c *RedisConfig) (engine.Backend, *redisBack, func() error, error) {
 	tlsCfg, err := c.TLS.tlsConfig()
 	if err != nil {
 		return nil, nil, nil, err
@@ -77,7 +77,7 @@ func newBackend(c *RedisConfig) (lock.Backend, *redisBack, func() error, error) 
 
 // newClients builds the go-redis clients of c's mode with opt, and the lock
 // backend on them.
-func newClients(c *RedisConfig, opt *redis.UniversalOptions, back *redisBack) (lock.Backend, func() error, error) {
+func newClients(c *RedisConfig, opt *redis.UniversalOptions, back *redisBack) (engine.Backend, func() error, error) {
 	switch c.Mode {
 	case ModeSentinel:
 		// A failover client follows the Sentinels' +switch-master and
@@ -102,7 +102,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions, back *redisBack) (l
 		}
 		return pipelined(redis.NewClusterClient(co), c)
 	case ModeRedlock:
-		var nodes []lock.Master
+		var nodes []engine.Master
 		var closers []func() error
 		for _, addr := range c.Addresses {
 			b, closeNode, err := pipelined(redis.NewClient(serverOptions(opt, addr, back)), c)
@@ -111,7 +111,7 @@ func newClients(c *RedisConfig, opt *redis.UniversalOptions, back *redisBack) (l
 			}
 			nodes, closers = append(nodes, b), append(closers, closeNode)
 		}
-		rl, err := lock.NewRedlockOf(nodes, c.Addresses)
+		rl, err := engine.NewRedlockOf(nodes, c.Addresses)
 		if err != nil {
 			return nil, nil, errors.Join(err, closeAll(closers)())
 		}
@@ -392,9 +392,9 @@ type asyncPipeliner interface {
 // deferred face, because a command queued in a pipeline is sent whatever
 // its context says: the lock library
 // waits on each command's future and gives up at its own deadline
-// (lock.Config.CallTimeout). With replicas, each script goes on rdb itself
+// (engine.Config.CallTimeout). With replicas, each script goes on rdb itself
 // instead, with its WAIT in one pipeline on one connection.
-func pipelined(rdb asyncPipeliner, c *RedisConfig) (lock.Master, func() error, error) {
+func pipelined(rdb asyncPipeliner, c *RedisConfig) (engine.Master, func() error, error) {
 	opt := redis.DefaultBlockingAutoPipelineOptions()
 	// A Redis that stops answering must not queue commands without end:
 	// past this many, a request gets 503 at once.
@@ -403,7 +403,7 @@ func pipelined(rdb asyncPipeliner, c *RedisConfig) (lock.Master, func() error, e
 	if err != nil {
 		return nil, nil, errors.Join(err, rdb.Close())
 	}
-	b := lock.NewPipelinedRedis(ap, rdb, lock.Replication{Replicas: c.Replicas, Timeout: time.Duration(c.Timeout)})
+	b := engine.NewPipelinedRedis(ap, rdb, engine.Replication{Replicas: c.Replicas, Timeout: time.Duration(c.Timeout)})
 	return b, func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
 }
 
@@ -442,7 +442,7 @@ var clients = caddy.NewUsagePool()
 // requests of the old config may still hold locks taken through it: it
 // stays open until the last of them is released.
 type pooledClient struct {
-	backend  lock.Backend
+	backend  engine.Backend
 	back     *redisBack
 	close    func() error
 	inFlight atomic.Int64 // requests between hold and done

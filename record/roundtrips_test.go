@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // A request costs Redis two round trips, as a lock does (acquire, release):
@@ -45,13 +45,13 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				t.Cleanup(func() { _ = ap.Close() })
 				c = ap
 			}
-			s, err := NewStore(lock.New(c, &lock.Config{CallTimeout: 5 * time.Second}))
+			s, err := NewStore(engine.New(c, &engine.Config{CallTimeout: 5 * time.Second}))
 			if err != nil {
 				t.Fatal(err)
 			}
 			ctx := ctxT(t)
-			opt := lock.Options{TTL: time.Minute}
-			key := func(i int) string { return lock.Key("test:", client, strconv.Itoa(i)) }
+			opt := engine.Options{TTL: time.Minute}
+			key := func(i int) string { return engine.Key("test:", client, strconv.Itoa(i)) }
 			execute := func(k string) error {
 				lk, err := s.Begin(ctx, k, fp("a"), opt)
 				if err != nil {

@@ -1,4 +1,4 @@
-package lock
+package engine
 
 import (
 	"errors"
@@ -438,7 +438,7 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 func TestAcquireScriptFileRetry(t *testing.T) {
 	_, rdb := startRedis(t)
 	ctx := ctxT(t)
-	src := readScript(t, "../internal/redisscript/take.lua") + readScript(t, "acquire.lua")
+	src := readScript(t, "../redisscript/take.lua") + readScript(t, "acquire.lua")
 	key := testKey(t)
 	// run returns the fencing token (a string reply) or the PTTL (an
 	// integer reply).
