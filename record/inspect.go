@@ -139,7 +139,7 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 
 // inspectOn is Inspect on one Redis.
 func inspectOn(ctx context.Context, n *engine.Redis, lockKey string) (Inspection, error) {
-	cmd, err := redisscript.ConnOf(n).Run(ctx, inspectScript, []string{lockKey, Key(lockKey)})
+	cmd, err := n.Conn().Run(ctx, inspectScript, []string{lockKey, Key(lockKey)})
 	if err != nil && !redisscript.Unreplicated(err) {
 		return Inspection{}, redisscript.Classify(ctx, err)
 	}
@@ -251,7 +251,7 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, error) {
 
 // removeOn is Remove on one Redis.
 func removeOn(ctx context.Context, n *engine.Redis, lockKey string) (Outcome, error) {
-	cmd, err := redisscript.ConnOf(n).Run(ctx, removeScript, []string{lockKey, Key(lockKey)})
+	cmd, err := n.Conn().Run(ctx, removeScript, []string{lockKey, Key(lockKey)})
 	if err != nil && !redisscript.Unreplicated(err) {
 		return 0, redisscript.Classify(ctx, err)
 	}

@@ -29,7 +29,7 @@ func notObtained(remaining time.Duration) error {
 // releaseFields deletes token and fields of the lock key on node (one
 // HDEL), or returns engine.ErrNotHeld when the lock is not token's.
 func releaseFields(ctx context.Context, node *engine.Redis, key, token string, fields ...string) error {
-	released, err := redisscript.ConnOf(node).ReleaseFields(ctx, key, token, fields...)
+	released, err := node.Conn().ReleaseFields(ctx, key, token, fields...)
 	if err == nil && !released {
 		return engine.ErrNotHeld
 	}

@@ -50,24 +50,15 @@ type Store struct {
 	quorum int
 }
 
-// NewStore returns the Store of c, whose Backend is a *engine.Redis or a
-// *engine.Redlock of them.
+// NewStore returns the Store of c, whose Backend tells where its locks
+// live (engine.Placed): a Redis, or a Redlock of them.
 func NewStore(c *engine.Client) (*Store, error) {
-	switch b := c.Backend().(type) {
-	case *engine.Redis:
-		return &Store{c: c, nodes: []*engine.Redis{b}, names: []string{"redis"}, quorum: 1}, nil
-	case *engine.Redlock:
-		s := &Store{c: c, names: b.Names(), quorum: b.Quorum()}
-		for _, n := range b.Nodes() {
-			r, ok := n.(*engine.Redis)
-			if !ok {
-				return nil, fmt.Errorf("record: a Redlock master of type %T", n)
-			}
-			s.nodes = append(s.nodes, r)
-		}
-		return s, nil
+	b, ok := c.Backend().(engine.Placed)
+	if !ok {
+		return nil, fmt.Errorf("record: a Store needs a Client on Redis or Redlock, not %T", c.Backend())
 	}
-	return nil, fmt.Errorf("record: a Store needs a engine.Client on Redis or Redlock, not %T", c.Backend())
+	m := b.Masters()
+	return &Store{c: c, nodes: m.Nodes, names: m.Names, quorum: m.Quorum}, nil
 }
 
 // Pending is a request that runs with its record in progress: its held
@@ -275,7 +266,7 @@ func (s *Store) mayBeLost(lk *engine.Lock, try time.Duration) bool {
 // there, with complete.lua or, when native, SET NX GET and HDEL; it reports
 // whether the record is lk's (stored now or by an earlier try).
 func (s *Store) completeOn(ctx context.Context, i int, lk *engine.Lock, c *completion) (bool, error) {
-	conn := redisscript.ConnOf(s.nodes[i])
+	conn := s.nodes[i].Conn()
 	if !c.native {
 		run := conn.Run
 		if c.bulk {
@@ -329,7 +320,7 @@ type begin struct {
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	conn := redisscript.ConnOf(b.node)
+	conn := b.node.Conn()
 	args := []any{token, ttl.Milliseconds(), b.fingerprint, conn.Deadline(ctx)}
 	if engine.Waiting(ctx) {
 		args = append(args, "1")
@@ -370,7 +361,7 @@ func (b *begin) Release(ctx context.Context, key, token string) error {
 // still run: it also marks the token given back (engine.Redis's GiveBack), so
 // that a Begin that runs later takes nothing.
 func (b *begin) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
-	released, err := redisscript.ConnOf(b.node).GiveBackFields(ctx, key, engine.GoneKey(key, token), ttl, token, fingerprintField(token))
+	released, err := b.node.Conn().GiveBackFields(ctx, key, engine.GoneKey(key, token), ttl, token, fingerprintField(token))
 	if err == nil && !released {
 		return engine.ErrNotHeld
 	}
@@ -386,5 +377,8 @@ func (b *begin) WatchRelease(ctx context.Context, key string) (<-chan struct{}, 
 func (b *begin) RaiseFence(ctx context.Context, key string, fence int64) error {
 	return b.node.RaiseFence(ctx, key, fence)
 }
+
+// Node is the Redis the record and its lock live on.
+func (b *begin) Node() *engine.Redis { return b.node }
 
 var _ engine.Master = (*begin)(nil)

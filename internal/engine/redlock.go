@@ -79,6 +79,8 @@ type Master interface {
 	// RaiseFence sets the fencing counter of key to fence unless it is
 	// already at or above it.
 	RaiseFence(ctx context.Context, key string, fence int64) error
+	// Node is the Redis the master's locks live on.
+	Node() *Redis
 }
 
 // NewRedlock returns the Redlock of the clients, one per master; names
@@ -103,14 +105,15 @@ func NewRedlockOf(nodes []Master, names []string) (*Redlock, error) {
 	return &Redlock{nodes: nodes, names: names, quorum: len(nodes)/2 + 1}, nil
 }
 
-// Nodes are the masters' Backends, in order.
-func (rl *Redlock) Nodes() []Master { return rl.nodes }
-
-// Names label the masters in errors, in the order of Nodes.
-func (rl *Redlock) Names() []string { return rl.names }
-
-// Quorum is the number of masters that make a majority.
-func (rl *Redlock) Quorum() int { return rl.quorum }
+// Masters are the Redis of the masters (their Node), their names and the
+// quorum.
+func (rl *Redlock) Masters() Masters {
+	nodes := make([]*Redis, len(rl.nodes))
+	for i, n := range rl.nodes {
+		nodes[i] = n.Node()
+	}
+	return Masters{Nodes: nodes, Names: rl.names, Quorum: rl.quorum}
+}
 
 // NodeError is the error of one master.
 type NodeError struct {
@@ -432,6 +435,6 @@ func (rl *Redlock) release(ctx context.Context, key, token string, majorityDone 
 }
 
 var (
-	_ Backend = (*Redlock)(nil)
-	_ Master  = (*Redis)(nil)
+	_ Placed = (*Redlock)(nil)
+	_ Master = (*Redis)(nil)
 )

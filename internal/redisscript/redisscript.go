@@ -132,12 +132,6 @@ func NewPipelinedConn(ap, direct redis.UniversalClient, repl Replication) *Conn 
 	return c
 }
 
-// ConnOf returns the Conn of b when b is package lock's Redis backend, else
-// nil. Package lock sets it when it is initialised (it imports this package,
-// which so cannot name its types), for package record, whose scripts run on
-// the Conn of the lock's backend.
-var ConnOf func(b any) *Conn
-
 // Client is the go-redis client of c.
 func (c *Conn) Client() redis.UniversalClient { return c.rdb }
 
