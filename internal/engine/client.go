@@ -292,10 +292,6 @@ const (
 	maxGiveBackPause = 100 * time.Millisecond
 )
 
-// Running is the number of background calls running now: Background's
-// and the give-backs.
-func (c *Client) Running() int { return len(c.bg) + len(c.gb) }
-
 // giveBackOn gives token back on b: through its GiveBack when it has one,
 // else its Release.
 func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
