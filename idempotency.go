@@ -91,7 +91,7 @@ func (h *Handler) serveIdempotent(w http.ResponseWriter, r *http.Request, next c
 // left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.client.back.lastBack()
-	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, engine.ErrNotHeld) {
+	if err := pending.Release(ctx); err != nil && !errors.Is(err, engine.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	metrics.settled.inc(settleBegunAgain)
@@ -116,7 +116,7 @@ func (h *Handler) serveRecorded(w http.ResponseWriter, r *http.Request, next cad
 	store := func(resp *record.Response, lost bool) {
 		q.giveBack(func(done func()) {
 			if resp == nil {
-				err := pending.Abandon(r.Context())
+				err := pending.Release(r.Context())
 				observeRelease(err)
 				done()
 				if err != nil && !errors.Is(err, engine.ErrNotHeld) {

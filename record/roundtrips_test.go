@@ -20,7 +20,7 @@ import (
 // (the answer stored and the lock released, one script). A retry of a
 // completed request costs one: Begin, whose reply
 // is the stored answer. A request given up costs two too: Begin and
-// Abandon (HDEL). Checked on the client (a hook that sees
+// Release (HDEL). Checked on the client (a hook that sees
 // every command and pipeline) and on the server (INFO commandstats), with a
 // plain client and through the deferred autopipeliner the Caddy handler uses.
 // Once the scripts are loaded: after a Redis restart or a SCRIPT FLUSH the
@@ -71,7 +71,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				if err != nil {
 					return fmt.Errorf("Begin of a new key: %w", err)
 				}
-				return lk.Abandon(ctx)
+				return lk.Release(ctx)
 			}
 
 			// Warm-up: open the connection and load the scripts.
@@ -99,7 +99,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			}{
 				{"executed request (Begin, Complete)", execute, 0, 2, []string{"evalsha", "evalsha"}},
 				{"replay (Begin of a completed key)", replay, 0, 1, []string{"evalsha"}},
-				{"request given up (Begin, Abandon)", abandon, 100, 2, []string{"evalsha", "hdel"}},
+				{"request given up (Begin, Release)", abandon, 100, 2, []string{"evalsha", "hdel"}},
 			} {
 				want := tc.want
 				for i := range n {

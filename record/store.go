@@ -63,7 +63,10 @@ func NewStore(c *engine.Client) (*Store, error) {
 
 // Pending is a request that runs with its record in progress: its held
 // lock, and the fingerprint that its outcome is stored with. It is what
-// Begin gives and what Complete or Abandon ends.
+// Begin gives and what Complete or Release ends: Release gives the request
+// up with nothing to keep (the backend was never reached, or answered "try
+// again"), deleting the lock and the fingerprint in it, so that a retry
+// runs.
 type Pending struct {
 	*engine.Lock
 	store       *Store
@@ -110,7 +113,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.O
 // lock's keep-alive goes on while Redis has not answered (engine.Ending), so
 // that the lease outlasts a large answer on its way, and stops once it
 // has; after an ErrUnavailable error it still goes on, for the tries that
-// follow: call Complete again, or Stop or Abandon to give the lock up.
+// follow: call Complete again, or Stop or Release to give the lock up.
 //
 // It returns ErrNotStored when the outcome was not stored: another was
 // stored first, or p's lease ran out and another request has taken the key
@@ -307,11 +310,6 @@ var errHeld = errors.New("held by another request")
 // token's request while it runs.
 func fingerprintField(token string) string { return "fp:" + token }
 
-// Abandon gives up p's request with nothing to keep (the backend was never
-// reached, or answered "try again"): the lock and the fingerprint in it are
-// released, so that a retry runs. It is Release.
-func (p *Pending) Abandon(ctx context.Context) error { return p.Release(ctx) }
-
 // begin is the Backend of one Begin on one Redis: the lock taken with the
 // record, and refreshed and released with it.
 type begin struct {
@@ -351,7 +349,7 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 	return b.node.Refresh(ctx, key, token, ttl)
 }
 
-// Release gives the request up (Abandon): HDEL of the token and its
+// Release gives the request up (Pending.Release): HDEL of the token and its
 // fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
 	return releaseFields(ctx, b.node, key, token, fingerprintField(token))

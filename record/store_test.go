@@ -123,8 +123,8 @@ func TestBeginWaitEndsWithCompletion(t *testing.T) {
 	}
 }
 
-// Abandon deletes the in-progress record with the lock: a retry runs.
-func TestAbandonLetsRetryRun(t *testing.T) {
+// Release deletes the in-progress record with the lock: a retry runs.
+func TestReleaseLetsRetryRun(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "abandon")
@@ -132,15 +132,15 @@ func TestAbandonLetsRetryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lk.Abandon(ctx); err != nil {
+	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
-		t.Fatalf("%d keys left after Abandon: %v", n, rdb.HGetAll(ctx, key).Val())
+		t.Fatalf("%d keys left after Release: %v", n, rdb.HGetAll(ctx, key).Val())
 	}
 	lk2, err := s.Begin(ctx, key, fp("b"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
-		t.Fatalf("retry after Abandon: %v", err)
+		t.Fatalf("retry after Release: %v", err)
 	}
 	if lk2.Fence() <= lk.Fence() {
 		t.Fatalf("fence %d after %d", lk2.Fence(), lk.Fence())

@@ -157,17 +157,17 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// Given up (the backend never reached): the record goes, a retry runs.
-	if err := lk.Abandon(ctx); err != nil {
+	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, record.Key(key)).Val(); n != 0 {
-		t.Fatalf("%d of the lock and record keys left after Abandon", n)
+		t.Fatalf("%d of the lock and record keys left after Release", n)
 	}
 	again, err := store.Begin(ctx, key, fp("charge"), opt)
 	if err != nil {
-		t.Fatalf("begin after Abandon: %v", err)
+		t.Fatalf("begin after Release: %v", err)
 	}
-	if err := again.Abandon(ctx); err != nil {
+	if err := again.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
