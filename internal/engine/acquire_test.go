@@ -35,9 +35,9 @@ func TestKeyKnownVector(t *testing.T) {
 	for key, want := range map[string]string{
 		"p:{6e34}6e340b9c":    "p:{6e34}fence",
 		"p:{6e34}6e34:result": "p:{6e34}fence",
-		"plain-key":           UntaggedCounterKey,
-		"p:{}x":               UntaggedCounterKey,
-		"p:{unclosed":         UntaggedCounterKey,
+		"plain-key":           untaggedCounterKey,
+		"p:{}x":               untaggedCounterKey,
+		"p:{unclosed":         untaggedCounterKey,
 		"{a}b{c}":             "{a}fence",
 	} {
 		if got := CounterKey(key); got != want {

@@ -57,8 +57,8 @@ type Config struct {
 	OnRenew func(err error)
 }
 
-// DefaultMaxBackground is Config.MaxBackground's default.
-const DefaultMaxBackground = 64
+// defaultMaxBackground is Config.MaxBackground's default.
+const defaultMaxBackground = 64
 
 // Client takes locks on a Backend: it waits for them, bounds each call, and
 // cleans up after calls whose reply did not come.
@@ -86,7 +86,7 @@ func NewWithBackend(b Backend, cfg *Config) *Client {
 		c.cfg.ReleaseTimeout = c.cfg.CallTimeout
 	}
 	if c.cfg.MaxBackground <= 0 {
-		c.cfg.MaxBackground = DefaultMaxBackground
+		c.cfg.MaxBackground = defaultMaxBackground
 	}
 	c.bg = make(chan struct{}, c.cfg.MaxBackground)
 	c.gb = make(chan struct{}, c.cfg.MaxBackground)
@@ -239,11 +239,11 @@ func (c *Client) release(ctx context.Context, b Backend, key, token string) erro
 	return c.releaseCall(ctx, func(rctx context.Context) error { return b.Release(rctx, key, token) })
 }
 
-// releaseCall runs call, a release, on the ReleaseContext of ctx. The caller's
+// releaseCall runs call, a release, on the releaseContext of ctx. The caller's
 // context cannot end it; its own timeout passing means Redis did not
 // answer: ErrUnavailable.
 func (c *Client) releaseCall(ctx context.Context, call func(context.Context) error) error {
-	rctx, cancel := c.ReleaseContext(ctx)
+	rctx, cancel := c.releaseContext(ctx)
 	defer cancel()
 	return c.reclassify(context.WithoutCancel(ctx), call(rctx))
 }
@@ -301,10 +301,9 @@ func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Dura
 	return b.Release(ctx, key, token)
 }
 
-// ReleaseContext is the context a release runs on: detached from ctx's
-// cancellation (the caller may be gone), bounded by ReleaseTimeout. For a
-// caller whose own script releases the lock (package record).
-func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// releaseContext is the context a release runs on: detached from ctx's
+// cancellation (the caller may be gone), bounded by ReleaseTimeout.
+func (c *Client) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	detached := context.WithoutCancel(ctx)
 	if c.cfg.ReleaseTimeout > 0 {
 		return context.WithTimeout(detached, c.cfg.ReleaseTimeout)

@@ -23,24 +23,24 @@ func Key(prefix, scope, name string) string {
 	return prefix + "{" + string(hexed[:4]) + "}" + string(hexed[:])
 }
 
-// UntaggedCounterKey is the fencing counter of lock keys without a Cluster
+// untaggedCounterKey is the fencing counter of lock keys without a Cluster
 // hash tag (keys not made by Key): one for all of them, which a Redis
 // Cluster cannot use with the lock in one script.
-const UntaggedCounterKey = "redis_lock:fence"
+const untaggedCounterKey = "redis_lock:fence"
 
 // CounterKey is the fencing counter of a lock key: the key up to the end of
 // its hash tag, then "fence" (prefix{h4}fence for a key from Key), so that
 // it shares the lock's slot. Counters are few (at most 65,536 per prefix)
 // and have no TTL; each lock key has exactly one, so its tokens strictly
-// increase. A key without a hash tag has UntaggedCounterKey.
+// increase. A key without a hash tag has untaggedCounterKey.
 func CounterKey(lockKey string) string {
 	open := strings.IndexByte(lockKey, '{')
 	if open < 0 {
-		return UntaggedCounterKey
+		return untaggedCounterKey
 	}
 	end := strings.IndexByte(lockKey[open+1:], '}')
 	if end <= 0 { // no tag, or an empty one: Redis hashes the whole key
-		return UntaggedCounterKey
+		return untaggedCounterKey
 	}
 	return lockKey[:open+1+end+1] + "fence"
 }
