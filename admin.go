@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -147,7 +147,7 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, "%v", err)
 		}
 	}
-	rkey := lock.Key(h.Prefix, q.Get("scope"), key)
+	rkey := engine.Key(h.Prefix, q.Get("scope"), key)
 	store, err := h.inspector()
 	if err != nil {
 		return err
@@ -185,7 +185,7 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 // the key in progress (409, nothing removed).
 func (h *Handler) removeRecord(ctx context.Context, w http.ResponseWriter, store *record.Store, rkey string) error {
 	outcome, err := store.Remove(ctx, rkey)
-	replicated := !errors.Is(err, lock.ErrNotReplicated)
+	replicated := !errors.Is(err, engine.ErrNotReplicated)
 	if !replicated {
 		err = nil
 	}
@@ -295,7 +295,7 @@ func ms(d time.Duration) int64 {
 // redisError is the answer to a lookup or removal that failed: 503 when
 // Redis did not answer, else 500 (a record this version cannot read).
 func redisError(err error) error {
-	if errors.Is(err, lock.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, engine.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		return apiError(http.StatusServiceUnavailable, "redis: %v", err)
 	}
 	return apiError(http.StatusInternalServerError, "%v", err)

@@ -20,8 +20,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -223,7 +223,7 @@ func TestAdminNamesAndReload(t *testing.T) {
 
 	// A lock without idempotency: held, with its token; no record; DELETE
 	// never removes it.
-	rkey := lock.Key("orders:", "acme", "o-1")
+	rkey := engine.Key("orders:", "acme", "o-1")
 	holdLock(t, rdb, rkey, 10*time.Second)
 	if err := rdb.HSet(context.Background(), rkey, "another-node", "1234").Err(); err != nil {
 		t.Fatal(err)

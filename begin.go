@@ -9,15 +9,15 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // begin begins an idempotent request under its record: a new one has its
 // record in progress (Pending); a completed one's answer is a
 // *record.CompletedError, another request's key record.ErrMismatch, one in
-// progress a *lock.NotObtainedError. The record outlives the client: a
+// progress a *engine.NotObtainedError. The record outlives the client: a
 // request that begins runs on, and its answer is stored, when the client
 // goes away (bounded by the lease and its renewal), so that the client's
 // retry gets it. Just after Redis's recovery, the answers other requests got
@@ -50,7 +50,7 @@ func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, sta
 // left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.conn.Recovery().Last()
-	if err := pending.Abandon(ctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+	if err := pending.Release(ctx); err != nil && !errors.Is(err, engine.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	metrics.settled.inc(settleBegunAgain)

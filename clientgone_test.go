@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // legacyCharge is a backend that charges whatever happens to its caller, as
@@ -104,7 +104,7 @@ func TestClientGoneKeepsLock(t *testing.T) {
 		if m.replayed && !strings.Contains(dup.Body, `"charge":`) {
 			t.Errorf("%s: the replay: %s", m.name, dup)
 		}
-		key := lock.Key(DefaultPrefix, "", "checkout:"+token)
+		key := engine.Key(DefaultPrefix, "", "checkout:"+token)
 		redistest.Eventually(t, 5*time.Second, m.name+": the lock given back", func() bool { return !keyExists(t, rdb, key) })
 		if n := be.executions(token); n != m.runs {
 			t.Errorf("%s: the backend charged %d times, want %d", m.name, n, m.runs)

@@ -9,8 +9,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -30,7 +30,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 		return
 	}
 	since := time.Now()
-	err := lock.ErrUnavailable
+	err := engine.ErrUnavailable
 	if !lost {
 		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
 	} else {
@@ -87,7 +87,7 @@ func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *rec
 // unacked warns of an answer stored but not acknowledged by the replicas:
 // answered, and written again in the background.
 func (h *Handler) unacked(p *record.Pending, err error) {
-	if errors.Is(err, lock.ErrNotReplicated) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		metrics.unacked.inc(writeAnswer)
 		h.unackedWarn.warn(h.logger, "a stored response not acknowledged by the replicas in time: answered, and written again in the background",
 			zap.String("record_key", record.Key(p.Key())), zap.Error(err))
@@ -151,7 +151,7 @@ func timedOut(err error) bool {
 // all along) is given up, and says so: an outcome-unknown record in its
 // place (giveUp).
 func (h *Handler) finish(ctx context.Context, p *record.Pending, resp *record.Response, lost bool, err error) {
-	if errors.Is(err, lock.ErrUnavailable) && p.Context().Err() == nil && resp.Outcome != record.Unknown {
+	if errors.Is(err, engine.ErrUnavailable) && p.Context().Err() == nil && resp.Outcome != record.Unknown {
 		h.giveUp(ctx, p, lost, err)
 		return
 	}
@@ -179,7 +179,7 @@ func (h *Handler) giveUp(ctx context.Context, p *record.Pending, lost bool, err 
 
 // again reports whether a completion that ended with err is tried again.
 func again(err error) bool {
-	return errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrNotReplicated)
+	return errors.Is(err, engine.ErrUnavailable) || errors.Is(err, engine.ErrNotReplicated)
 }
 
 // completeRetryFor is how long an outcome is tried again in the background
@@ -206,8 +206,8 @@ const unackedRetryFor = 2 * time.Minute
 // stored counts and logs the end of a completion of a request whose lock
 // was lost or not. gaveUp, when not nil, is why resp, an outcome-unknown
 // record, was stored in the place of the answer (giveUp).
-func (h *Handler) stored(lk *lock.Lock, resp *record.Response, lost bool, err, gaveUp error) {
-	if errors.Is(err, lock.ErrNotReplicated) {
+func (h *Handler) stored(lk *engine.Lock, resp *record.Response, lost bool, err, gaveUp error) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		// Stored and released on the primary: a failover can lose it.
 		h.unackedWarn.warn(h.logger, "a stored response never acknowledged by the replicas: a failover can lose it", zap.String("record_key", record.Key(lk.Key())), zap.Error(err))
 		err = nil

@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -21,7 +21,7 @@ import (
 func TestIdempotencyStoredBeforeLastByte(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, func(h *Handler) { h.Idempotency = &IdempotencyConfig{} })
-	key := lock.Key(DefaultPrefix, "", "k1")
+	key := engine.Key(DefaultPrefix, "", "k1")
 
 	type state struct{ locked, stored bool }
 	var at []state // per client-side write
@@ -59,7 +59,7 @@ func TestLateRecordExpiresAfterRetention(t *testing.T) {
 		h.LostLock = LostLockContinue
 		h.Idempotency = &IdempotencyConfig{Retention: caddy.Duration(retention)}
 	})
-	key := lock.Key(DefaultPrefix, "", "k2")
+	key := engine.Key(DefaultPrefix, "", "k2")
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if err := rdb.Del(context.Background(), key).Err(); err != nil {
 			t.Error(err)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 func TestConflictWhileHeldByAnotherNode(t *testing.T) {
@@ -165,7 +165,7 @@ func TestWaitForHeldLock(t *testing.T) {
 func TestConflictRetryAfterRoundsUp(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
-	key := lock.Key(DefaultPrefix, "", "k4")
+	key := engine.Key(DefaultPrefix, "", "k4")
 	holdLock(t, rdb, key, 2300*time.Millisecond)
 	h.holds.observe(2100 * time.Millisecond) // this route's locks are held about 2.1s
 	rec := httptest.NewRecorder()

@@ -20,7 +20,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 func TestFencingTokenAndPlaceholders(t *testing.T) {
@@ -163,7 +163,7 @@ func TestFencingHeaderCannotBeForged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fence, err := rdb.Get(context.Background(), lock.CounterKey(lock.Key(DefaultPrefix, "", "k2"))).Int64()
+	fence, err := rdb.Get(context.Background(), engine.CounterKey(engine.Key(DefaultPrefix, "", "k2"))).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestPrefixNamesFenceCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	counter := lock.CounterKey(lock.Key("shop:", "", "k-prefix"))
+	counter := engine.CounterKey(engine.Key("shop:", "", "k-prefix"))
 	if !strings.HasPrefix(counter, "shop:{") {
 		t.Fatalf("counter %q is not under the prefix", counter)
 	}

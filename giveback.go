@@ -6,7 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -28,7 +28,7 @@ type giveBack interface {
 type lockGiveBack struct {
 	h  *Handler
 	r  *http.Request
-	lk *lock.Lock
+	lk *engine.Lock
 }
 
 func (g *lockGiveBack) writer(hw *holdWriter) http.ResponseWriter { return hw }
@@ -53,7 +53,7 @@ func (g *lockGiveBack) give(o outcome, done func()) {
 		err := g.lk.Release(g.r.Context())
 		observeRelease(err)
 		done()
-		if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+		if err != nil && !errors.Is(err, engine.ErrNotHeld) {
 			g.h.releaseWarn.warn(g.h.logger, "releasing lock", zap.String("key", g.lk.Key()), zap.Error(err))
 		}
 	}
@@ -106,10 +106,10 @@ func (g *recordGiveBack) give(o outcome, done func()) {
 		g.h.complete(g.r.Context(), g.pending, resp, o.lost, done)
 		return
 	}
-	err := g.pending.Abandon(g.r.Context())
+	err := g.pending.Release(g.r.Context())
 	observeRelease(err)
 	done()
-	if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+	if err != nil && !errors.Is(err, engine.ErrNotHeld) {
 		g.h.releaseWarn.warn(g.h.logger, "giving up a record", zap.String("key", g.pending.Key()), zap.Error(err))
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -47,7 +47,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	start := time.Now()
 	unhold := h.conn.Hold()
-	var lk *lock.Lock
+	var lk *engine.Lock
 	var pending *record.Pending
 	if h.Idempotency != nil {
 		pending, err = h.begin(r, repl, k, start)
@@ -72,11 +72,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // a wait; a lock taken just as the client left is given back at once in
 // the background (nothing ran under it), which lets go of the client's
 // hold (unhold), and either is errClientLeft.
-func (h *Handler) acquire(r *http.Request, rkey string, unhold func()) (*lock.Lock, error) {
+func (h *Handler) acquire(r *http.Request, rkey string, unhold func()) (*engine.Lock, error) {
 	ctx, keep := untilAcquired(r.Context(), h.Wait > 0)
 	lk, err := h.locker.Acquire(ctx, rkey, h.lockOptions())
 	stayed := keep()
-	var busy *lock.NotObtainedError
+	var busy *engine.NotObtainedError
 	switch {
 	case err == nil && !stayed:
 		lk.ReleaseAsync(ctx, func(err error) { observeRelease(err); unhold() })
@@ -96,7 +96,7 @@ var errClientLeft = errors.New("redis_lock: the client left before the lock was 
 // request's key (422), or Redis's failure.
 func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error, start time.Time) error {
 	var done *record.CompletedError
-	var busy *lock.NotObtainedError
+	var busy *engine.NotObtainedError
 	switch {
 	case errors.Is(err, errClientLeft):
 		h.count(repl, resultCancelled)
@@ -142,7 +142,7 @@ func untilAcquired(client context.Context, wait bool) (ctx context.Context, keep
 // unavailableRedis answers a request whose lock could not be taken because
 // Redis failed: 503, or the request passed on unlocked with fail_open.
 func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error) error {
-	if errors.Is(err, lock.ErrNotReplicated) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		metrics.unacked.inc(writeLock)
 	}
 	result := resultUnavailable
@@ -163,7 +163,7 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 
 // runUnder marks r as running under lk: its result acquired, its fencing
 // token in the placeholder and, unless turned off, the request header.
-func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock) {
+func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *engine.Lock) {
 	repl.Set(phFence, lk.Fence())
 	repl.Set(phResult, resultAcquired)
 	if !h.FencingHeaderOff {
@@ -172,7 +172,7 @@ func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *lock.Lock)
 }
 
 // lockLost logs and counts a lock lost while its request was in flight.
-func (h *Handler) lockLost(lk *lock.Lock, cause error) {
+func (h *Handler) lockLost(lk *engine.Lock, cause error) {
 	metrics.lost.Inc()
 	h.events.emit(eventLockLost, lk.Key(), h.recordKey(lk.Key()), lk.Fence(), resultLost)
 	h.logger.Warn("lock lost while the request was in flight",
@@ -202,10 +202,10 @@ func (h *Handler) count(repl *caddy.Replacer, result string) {
 }
 
 // lockOptions are the lock's options from the config.
-func (h *Handler) lockOptions() lock.Options {
+func (h *Handler) lockOptions() engine.Options {
 	renew := time.Duration(h.Renew)
 	if h.RenewOff {
-		renew = lock.NoRenew
+		renew = engine.NoRenew
 	}
-	return lock.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
+	return engine.Options{TTL: time.Duration(h.TTL), Renew: renew, Wait: time.Duration(h.Wait)}
 }

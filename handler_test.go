@@ -20,7 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // TestEarlyDataTooEarly drives ServeHTTP directly: Go's TLS stack neither
@@ -98,7 +98,7 @@ func TestClientGoneBeforeLock(t *testing.T) {
 func TestReleasedBeforeLastByte(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
-	key := lock.Key(DefaultPrefix, "", "k1")
+	key := engine.Key(DefaultPrefix, "", "k1")
 
 	pw := newProbeWriter()
 	var heldAt []bool // per client-side write: was the lock still in Redis?
@@ -130,7 +130,7 @@ func TestReleasedBeforeLastByte(t *testing.T) {
 func TestReleasedWhenNextFailsOrPanics(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, nil)
-	key := lock.Key(DefaultPrefix, "", "k3")
+	key := engine.Key(DefaultPrefix, "", "k3")
 	boom := errors.New("upstream failed")
 
 	// An error that does not say no backend was reached leaves the outcome
@@ -139,7 +139,7 @@ func TestReleasedWhenNextFailsOrPanics(t *testing.T) {
 	r, _ := unitRequest("POST", "k3-unknown", "")
 	pw := newProbeWriter()
 	err := h.ServeHTTP(pw, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return boom }))
-	unknownKey := lock.Key(DefaultPrefix, "", "k3-unknown")
+	unknownKey := engine.Key(DefaultPrefix, "", "k3-unknown")
 	if err != nil || pw.status != http.StatusBadGateway || !strings.Contains(pw.body.String(), "outcome-unknown") || !keyExists(t, rdb, unknownKey) {
 		t.Fatalf("err %v, status %d, lock left %v: want 502 outcome-unknown and the lock left to its lease", err, pw.status, keyExists(t, rdb, unknownKey))
 	}

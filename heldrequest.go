@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -23,7 +23,7 @@ type heldRequest struct {
 	h        *Handler
 	r        *http.Request
 	repl     *caddy.Replacer
-	lk       *lock.Lock
+	lk       *engine.Lock
 	hw       *holdWriter // holds back the response's end until the give-back
 	back     giveBack
 	unhold   func() // ends the request's hold on the Redis connection
@@ -45,7 +45,7 @@ type heldRequest struct {
 // hold starts r's run under lk (pending's lock, with idempotency), with
 // its result acquired and its fencing token set (runUnder). unhold ends its
 // hold on the Redis connection once the key is given back.
-func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *lock.Lock, pending *record.Pending, unhold func()) *heldRequest {
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *engine.Lock, pending *record.Pending, unhold func()) *heldRequest {
 	h.runUnder(r, repl, lk)
 	q := &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), unhold: unhold, acquired: time.Now()}
 	if pending != nil {
@@ -163,7 +163,7 @@ func (q *heldRequest) countUnanswered(lost bool) {
 // context ended.
 func (q *heldRequest) lost() (bool, error) {
 	cause := context.Cause(q.lk.Context())
-	return errors.Is(cause, lock.ErrNotHeld), cause
+	return errors.Is(cause, engine.ErrNotHeld), cause
 }
 
 // recoverPanic, deferred, gives the key back as after an answer that broke

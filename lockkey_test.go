@@ -20,7 +20,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 func TestMissingKey(t *testing.T) {
@@ -152,13 +152,13 @@ func TestJSONKey(t *testing.T) {
 		expectProblem(t, s.do("POST", "/nested", `{"customer":{"id":"c-7"},"items":[{"sku":"a"}]}`), http.StatusBadRequest)
 	})
 	t.Run("tenant scope", func(t *testing.T) {
-		holdLock(t, rdb, lock.Key(DefaultPrefix, "tenant-a", "order:7"), 5*time.Second)
+		holdLock(t, rdb, engine.Key(DefaultPrefix, "tenant-a", "order:7"), 5*time.Second)
 		expectProblem(t, s.do("POST", "/tenant", `{"order_id":"7"}`, "X-Tenant", "tenant-a"), http.StatusConflict)
 		r := s.do("POST", "/tenant", `{"order_id":"7"}`, "X-Tenant", "tenant-b")
 		if r.Status != 200 {
 			t.Fatalf("same order of another tenant: %s", r)
 		}
-		if got, want := r.Header.Get("X-Lock-Key"), lock.Key(DefaultPrefix, "tenant-b", "order:7"); got != want {
+		if got, want := r.Header.Get("X-Lock-Key"), engine.Key(DefaultPrefix, "tenant-b", "order:7"); got != want {
 			t.Errorf("{http.redis_lock.key} = %q, want %q", got, want)
 		}
 	})

@@ -24,8 +24,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 func TestRenewalKeepsLongRequestLocked(t *testing.T) {
@@ -305,7 +305,7 @@ func fastRenew(h *Handler) {
 func TestLostLockBeforeResponse(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k5")
+	key := engine.Key(DefaultPrefix, "", "k5")
 	var sawCancel atomic.Bool
 	rec := httptest.NewRecorder()
 	r, repl := unitRequest("POST", "k5", "")
@@ -326,7 +326,7 @@ func TestLostLockBeforeResponse(t *testing.T) {
 func TestLostLockAfterBytesAborts(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k6")
+	key := engine.Key(DefaultPrefix, "", "k6")
 	var sawCancel atomic.Bool
 	partial := strings.Repeat("p", holdSize+10) // more than is held: bytes reach the client
 	pw := newProbeWriter()
@@ -351,7 +351,7 @@ func TestLostLockContinue(t *testing.T) {
 		h.Renew = caddy.Duration(50 * time.Millisecond)
 		h.LostLock = LostLockContinue
 	})
-	key := lock.Key(DefaultPrefix, "", "k7")
+	key := engine.Key(DefaultPrefix, "", "k7")
 	rec := httptest.NewRecorder()
 	r, repl := unitRequest("POST", "k7", "")
 	err := h.ServeHTTP(rec, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -377,7 +377,7 @@ func TestLostLockContinue(t *testing.T) {
 func TestAbortReachesClientAsBrokenResponse(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k8")
+	key := engine.Key(DefaultPrefix, "", "k8")
 	var sawCancel atomic.Bool
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		caddyhttp.NewTestReplacer(r)
@@ -408,7 +408,7 @@ func TestAbortReachesClientAsBrokenResponse(t *testing.T) {
 func TestLostLockWhenNextAborts(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
-	key := lock.Key(DefaultPrefix, "", "k11")
+	key := engine.Key(DefaultPrefix, "", "k11")
 	var sawCancel atomic.Bool
 	r, repl := unitRequest("POST", "k11", "")
 	lostBefore := counterValue(t, metrics.lost)
@@ -436,7 +436,7 @@ func TestIdempotentLostLockAfterResponseStartedCountedOnce(t *testing.T) {
 		fastRenew(h)
 		h.Idempotency = &IdempotencyConfig{}
 	})
-	key := lock.Key(DefaultPrefix, "", "k13")
+	key := engine.Key(DefaultPrefix, "", "k13")
 	var sawCancel atomic.Bool
 	r, repl := unitRequest("POST", "k13", "")
 	lostBefore := counterValue(t, metrics.lost)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // metrics are created once and registered on every config's registry, so
@@ -150,7 +150,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 // observeRenew is the lock library's OnRenew hook.
 func observeRenew(err error) {
 	observeOutcome(metrics.renewals, "ok", err)
-	if errors.Is(err, lock.ErrNotReplicated) {
+	if errors.Is(err, engine.ErrNotReplicated) {
 		metrics.unacked.inc(writeRenewal)
 	}
 }
@@ -164,7 +164,7 @@ func observeOutcome(c labelled, okLabel string, err error) {
 	switch {
 	case err == nil:
 		label = okLabel
-	case errors.Is(err, lock.ErrNotHeld):
+	case errors.Is(err, engine.ErrNotHeld):
 		label = "not_held"
 	}
 	c.inc(label)

@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redisconn"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -44,7 +44,7 @@ const (
 // Defaults of the options.
 const (
 	DefaultTTL           = 10 * time.Second
-	DefaultPrefix        = lock.DefaultPrefix
+	DefaultPrefix        = engine.DefaultPrefix
 	DefaultFencingHeader = "Fencing-Token"
 	DefaultMaxBody       = 64 << 10
 )
@@ -150,7 +150,7 @@ type Handler struct {
 	// key, instead of running them again. Default: off (the lock only).
 	Idempotency *IdempotencyConfig `json:"idempotency,omitempty"`
 
-	locker      *lock.Client
+	locker      *engine.Client
 	store       *record.Store // idempotency records; nil without idempotency
 	readsBody   bool          // the key, the scope or the fingerprint reads the body
 	conn        *redisconn.Conn
@@ -218,7 +218,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.conn, h.poolKey = conn, key
 	h.redisMode = rc.Mode
-	h.locker = lock.NewWithBackend(conn.Backend(), &lock.Config{
+	h.locker = engine.NewWithBackend(conn.Backend(), &engine.Config{
 		OnRenew: observeRenew,
 		// One attempt and at most one retry, pool wait and dial included;
 		// a release holds the end of a response for at most one.

@@ -8,7 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // requestKey is what a request is locked by: its lock key and, with
@@ -72,7 +72,7 @@ func (h *Handler) keyOf(r *http.Request, repl *caddy.Replacer) (requestKey, erro
 	if keyMissing || scopeMissing {
 		return requestKey{missing: true}, nil
 	}
-	k := requestKey{lock: lock.Key(h.Prefix, scope, key)}
+	k := requestKey{lock: engine.Key(h.Prefix, scope, key)}
 	repl.Set(phKey, k.lock)
 	if h.Idempotency != nil {
 		canonical, err := h.Idempotency.canonicalJSON(body)

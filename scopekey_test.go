@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // The scope and the key are two parts of the lock, not one string: tenant
@@ -18,7 +18,7 @@ func TestScopeAndKeyAreApart(t *testing.T) {
 	srv, rdb := newRedis(t)
 	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(), lockLines("scope {http.request.header.X-Tenant}"), storedAnswers()), siteOptions{})
-	holdLock(t, rdb, lock.Key(DefaultPrefix, "ab", "c"), 20*time.Second)
+	holdLock(t, rdb, engine.Key(DefaultPrefix, "ab", "c"), 20*time.Second)
 	// The held lock is tenant ab's key c: that request waits its turn.
 	expectProblem(t, s.do("POST", "/pay", `{}`, "Idempotency-Key", "c", "X-Tenant", "ab"), http.StatusConflict)
 	// Tenant a's key bc is another lock: it runs, and its answer is its own.

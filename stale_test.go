@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -77,7 +77,7 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	sites := startCaddySites(t, siteOptions{}, node(gateA.Addr), node(srv.Addr))
 	a, b := sites[0], sites[1]
 	const key, body = "order-stale", `{"amount":1299}`
-	lockKey := lock.Key(DefaultPrefix, "", key)
+	lockKey := engine.Key(DefaultPrefix, "", key)
 	pay := func(s *caddySite) *response {
 		t.Helper()
 		return s.do("POST", "/pay", body, "Idempotency-Key", key)
@@ -114,7 +114,7 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := redistest.Do(ctx, srv.Addr, nil, "EXISTS", lock.CounterKey(lockKey), lockKey, record.Key(lockKey)); err != nil || v != int64(1) {
+	if v, err := redistest.Do(ctx, srv.Addr, nil, "EXISTS", engine.CounterKey(lockKey), lockKey, record.Key(lockKey)); err != nil || v != int64(1) {
 		t.Fatalf("after the restart: %v %v keys of fencing counter, lock and record; want the counter only (data kept, lease over)", v, err)
 	}
 	second := payAsync(b)

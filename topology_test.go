@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -41,7 +41,7 @@ func TestClusterTopology(t *testing.T) {
 	// master of its slot.
 	perMaster := map[string]int{}
 	for k := range 20 {
-		counter := lock.CounterKey(defaultKey(fmt.Sprintf("e2e-key-%02d", k)))
+		counter := engine.CounterKey(defaultKey(fmt.Sprintf("e2e-key-%02d", k)))
 		m, err := c.MasterForKey(context.Background(), counter)
 		if err != nil {
 			t.Fatal(err)
@@ -165,7 +165,7 @@ func TestSentinelTopology(t *testing.T) {
 		key := "after " + how
 		redistest.Eventually(t, 30*time.Second, "a lock on the new master after "+how, func() bool {
 			r, err := sendRequest(context.Background(), st.client, "POST", st.nodes[1].URL+"/pay", `{}`, "Idempotency-Key", key)
-			return err == nil && r.Status == 200 && get(t, newMaster, lock.CounterKey(defaultKey(key))) != ""
+			return err == nil && r.Status == 200 && get(t, newMaster, engine.CounterKey(defaultKey(key))) != ""
 		})
 		st.nextFencesIncrease(t)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // BenchmarkAcquireScript is what each guarantee of the acquire script costs
@@ -22,7 +22,7 @@ import (
 // taken out, measured to say where the cost is, never shipped.
 //
 //	set-nx-px     the floor: native SET NX PX, then a compare-and-delete script
-//	shipped       lock/acquire.lua, then HDEL (what the handler sends)
+//	shipped       internal/engine/acquire.lua, then HDEL (what the handler sends)
 //	no-fence      no fencing token (a constant instead)
 //	incr-fence    the token from INCR instead of the server clock, which
 //	              keeps tokens increasing when a failover loses the counter
@@ -31,7 +31,7 @@ import (
 //	no-deadline   without the check of the caller's deadline on the server's
 //	              clock (the shipped one is sent a deadline far ahead)
 func BenchmarkAcquireScript(b *testing.B) {
-	shipped := readScript(b, "../internal/redisscript/take.lua") + readScript(b, "../lock/acquire.lua")
+	shipped := readScript(b, "../internal/redisscript/take.lua") + readScript(b, "../internal/engine/acquire.lua")
 	variants := []struct{ name, old, new string }{
 		{"shipped", "", ""},
 		{"no-fence", "local fence = issue_fence(counter, now)", "local fence = '1'"},
@@ -61,7 +61,7 @@ func BenchmarkAcquireScript(b *testing.B) {
 		script := redis.NewScript(src)
 		b.Run(v.name, func(b *testing.B) {
 			pipelinedCycles(b, rdb, &seq, func(p redis.Pipeliner, key, token string) {
-				p.EvalSha(context.Background(), script.Hash(), []string{key, lock.CounterKey(key), lock.GoneKey(key, token)}, token, ttl.Milliseconds(), farDeadline)
+				p.EvalSha(context.Background(), script.Hash(), []string{key, engine.CounterKey(key), engine.GoneKey(key, token)}, token, ttl.Milliseconds(), farDeadline)
 			}, func(p redis.Pipeliner, key, token string) {
 				p.HDel(context.Background(), key, token)
 			}, script)
@@ -108,7 +108,7 @@ func pipelinedCycles(b *testing.B, rdb *redis.Client, seq *atomic.Int64, acquire
 		}
 		for pb.Next() {
 			n := seq.Add(1)
-			keys = append(keys, lock.Key(lock.DefaultPrefix, "acquire-script", strconv.FormatInt(n, 10)))
+			keys = append(keys, engine.Key(engine.DefaultPrefix, "acquire-script", strconv.FormatInt(n, 10)))
 			tokens = append(tokens, uuid.NewString())
 			if len(keys) == batch {
 				flush()

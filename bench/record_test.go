@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
@@ -73,7 +74,7 @@ const replayKeys = 1024
 
 type recordStore struct {
 	close func()
-	c     *lock.Client
+	c     *engine.Client
 	s     *record.Store
 }
 
@@ -94,7 +95,7 @@ func newRecordStore(addr string, autopipeline bool) (*recordStore, error) {
 		c = ap
 		closeAll = func() { ap.Close(); rdb.Close() }
 	}
-	lc := lock.New(c, nil)
+	lc := engine.New(c, nil)
 	s, err := record.NewStore(lc)
 	if err != nil {
 		closeAll()
@@ -104,7 +105,7 @@ func newRecordStore(addr string, autopipeline bool) (*recordStore, error) {
 }
 
 func (r *recordStore) lockCycle(ctx context.Context, key string) error {
-	l, err := r.c.Acquire(ctx, key, lock.Options{TTL: ttl})
+	l, err := r.c.Acquire(ctx, key, engine.Options{TTL: ttl})
 	if err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ func (r *recordStore) lockCycle(ctx context.Context, key string) error {
 }
 
 func (r *recordStore) execute(ctx context.Context, key string) error {
-	lk, err := r.s.Begin(ctx, key, fingerprint, lock.Options{TTL: ttl})
+	lk, err := r.s.Begin(ctx, key, fingerprint, engine.Options{TTL: ttl})
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -120,7 +121,7 @@ func (r *recordStore) execute(ctx context.Context, key string) error {
 }
 
 func (r *recordStore) replay(ctx context.Context, key string) error {
-	_, err := r.s.Begin(ctx, key, fingerprint, lock.Options{TTL: ttl})
+	_, err := r.s.Begin(ctx, key, fingerprint, engine.Options{TTL: ttl})
 	var done *record.CompletedError
 	if !errors.As(err, &done) {
 		return fmt.Errorf("begin of a completed key: %v, want its answer", err)

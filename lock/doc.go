@@ -10,6 +10,10 @@
 // fencing counter share a hash slot), or Redlock over several independent
 // masters. It does not depend on Caddy.
 //
+// It is the public face of the lock engine (internal/engine) that the
+// redis_lock Caddy handler and its idempotency records (package record)
+// run on: the same Client, locks, scripts and key layout.
+//
 // A lease is a timing assumption: a holder that pauses for longer than its
 // lease can still act after another holder has taken over. Where that
 // matters, pass Lock.Fence to the protected resource with every write and

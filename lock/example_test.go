@@ -159,5 +159,5 @@ func ExampleNewRedlock() {
 		return
 	}
 	defer l.Release(ctx)
-	fmt.Println("held on a majority of", len(rl.Nodes()), "masters; fence:", l.Fence())
+	fmt.Println("held on a majority of", len(addrs), "masters; fence:", l.Fence())
 }

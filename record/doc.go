@@ -1,6 +1,8 @@
 // Package record keeps the outcome of a request under its idempotency key,
-// beside the key's lock (package lock), so that a retry of the request gets
-// the stored response instead of running again.
+// beside the key's lock, so that a retry of the request gets the stored
+// response instead of running again. A Store works on a Client of the lock
+// engine (internal/engine), as the Caddy handler does: it takes its locks
+// in its own scripts, through the engine's API.
 //
 // A record is created in progress, atomically with the lock, in one script:
 // it holds the request's fingerprint and its owner's token, and lives as

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // An operator's scripts: one round trip each, the lock and the record read
@@ -77,7 +77,7 @@ func (s *Store) Inspect(ctx context.Context, lockKey string) (Inspection, []Node
 		return in, nil, err
 	}
 	nodes := make([]NodeInspection, len(s.nodes))
-	s.onEvery(func(i int, n *lock.Redis) {
+	s.onEvery(func(i int, n *engine.Redis) {
 		nodes[i].Name = s.names[i]
 		nodes[i].Inspection, nodes[i].Err = inspectOn(ctx, n, lockKey)
 	})
@@ -86,7 +86,7 @@ func (s *Store) Inspect(ctx context.Context, lockKey string) (Inspection, []Node
 }
 
 // onEvery runs f on every master at once and waits for them all.
-func (s *Store) onEvery(f func(i int, n *lock.Redis)) {
+func (s *Store) onEvery(f func(i int, n *engine.Redis)) {
 	var wg sync.WaitGroup
 	for i, n := range s.nodes {
 		wg.Go(func() { f(i, n) })
@@ -100,7 +100,7 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 	var errs []error
 	for _, n := range nodes {
 		if n.Err != nil {
-			errs = append(errs, &lock.NodeError{Node: n.Name, Err: n.Err})
+			errs = append(errs, &engine.NodeError{Node: n.Name, Err: n.Err})
 			continue
 		}
 		if n.Record != nil && (in.Record == nil || n.RecordTTL > in.RecordTTL) {
@@ -112,7 +112,7 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 		in.Unreadable = false
 	}
 	if len(errs) > len(nodes)-s.quorum {
-		return Inspection{}, fmt.Errorf("%w: no majority of the masters answered: %w", lock.ErrUnavailable, errors.Join(errs...))
+		return Inspection{}, fmt.Errorf("%w: no majority of the masters answered: %w", engine.ErrUnavailable, errors.Join(errs...))
 	}
 	// One holder's fencing token differs from master to master (each
 	// issues its own, and the largest is written back to a majority), so
@@ -138,8 +138,8 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 }
 
 // inspectOn is Inspect on one Redis.
-func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, error) {
-	cmd, err := redisscript.ConnOf(n).Run(ctx, inspectScript, []string{lockKey, Key(lockKey)})
+func inspectOn(ctx context.Context, n *engine.Redis, lockKey string) (Inspection, error) {
+	cmd, err := n.Conn().Run(ctx, inspectScript, []string{lockKey, Key(lockKey)})
 	if err != nil && !redisscript.Unreplicated(err) {
 		return Inspection{}, redisscript.Classify(ctx, err)
 	}
@@ -183,7 +183,7 @@ func inspectOn(ctx context.Context, n *lock.Redis, lockKey string) (Inspection, 
 // ErrHeld and deletes nothing. ErrNoRecord: there was nothing to remove.
 // A record this version cannot read is removed too, with outcome 0.
 // With a backend that waits for replicas, an error that matches
-// lock.ErrNotReplicated comes with the outcome removed: removed on the
+// engine.ErrNotReplicated comes with the outcome removed: removed on the
 // primary, not acknowledged by the replicas in time (a failover may bring
 // the record back, and with it the replays).
 //
@@ -206,7 +206,7 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, error) {
 		if n.Err != nil {
 			// Removed from the others, the record would still be
 			// replayed once this master is back.
-			return 0, fmt.Errorf("%w: master %s did not answer, nothing removed: %w", lock.ErrUnavailable, n.Name, n.Err)
+			return 0, fmt.Errorf("%w: master %s did not answer, nothing removed: %w", engine.ErrUnavailable, n.Name, n.Err)
 		}
 		if n.Held {
 			return 0, ErrHeld
@@ -217,7 +217,7 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, error) {
 		err     error
 	}
 	results := make([]removed, len(s.nodes))
-	s.onEvery(func(i int, n *lock.Redis) {
+	s.onEvery(func(i int, n *engine.Redis) {
 		r := &results[i]
 		r.outcome, r.err = removeOn(ctx, n, lockKey)
 	})
@@ -235,7 +235,7 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, error) {
 		case errors.Is(r.err, ErrHeld):
 			held = append(held, s.names[i])
 		case !errors.Is(r.err, ErrNoRecord):
-			errs = append(errs, &lock.NodeError{Node: s.names[i], Err: r.err})
+			errs = append(errs, &engine.NodeError{Node: s.names[i], Err: r.err})
 		}
 	}
 	switch {
@@ -250,8 +250,8 @@ func (s *Store) Remove(ctx context.Context, lockKey string) (Outcome, error) {
 }
 
 // removeOn is Remove on one Redis.
-func removeOn(ctx context.Context, n *lock.Redis, lockKey string) (Outcome, error) {
-	cmd, err := redisscript.ConnOf(n).Run(ctx, removeScript, []string{lockKey, Key(lockKey)})
+func removeOn(ctx context.Context, n *engine.Redis, lockKey string) (Outcome, error) {
+	cmd, err := n.Conn().Run(ctx, removeScript, []string{lockKey, Key(lockKey)})
 	if err != nil && !redisscript.Unreplicated(err) {
 		return 0, redisscript.Classify(ctx, err)
 	}

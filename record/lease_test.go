@@ -8,19 +8,19 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // newStoreCounting is a Store whose client records the commands it sends.
-func newStoreCounting(t *testing.T, cfg lock.Config) (*Store, *redis.Client, *redistest.Commands) {
+func newStoreCounting(t *testing.T, cfg engine.Config) (*Store, *redis.Client, *redistest.Commands) {
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	cmds := new(redistest.Commands)
 	rdb.AddHook(cmds)
-	s, err := NewStore(lock.New(rdb, &cfg))
+	s, err := NewStore(engine.New(rdb, &cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,16 +33,16 @@ var laterResponse = &Response{Outcome: Replayable, Status: 201, Body: []byte(`{"
 // Context says ErrReleased); once its lease has run out, another request
 // may run under the key, and the retry must not store over it.
 func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
-	s, rdb, cmds := newStoreCounting(t, lock.Config{CallTimeout: 100 * time.Millisecond})
+	s, rdb, cmds := newStoreCounting(t, engine.Config{CallTimeout: 100 * time.Millisecond})
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "stale")
-	stale, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 300 * time.Millisecond})
+	key := engine.Key("test:", "", "stale")
+	stale, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stale.Stop() // as for a lost lock's answer, tried in the background
 	time.Sleep(time.Until(stale.Deadline()) + 100*time.Millisecond)
-	later, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	later, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("a request after the stale holder's lease: %v", err)
 	}
@@ -60,7 +60,7 @@ func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
 		t.Fatalf("the later request's Complete: %v", err)
 	}
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) || string(done.Response.Body) != string(laterResponse.Body) {
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) || string(done.Response.Body) != string(laterResponse.Body) {
 		t.Fatalf("a retry after both: %v, want the later request's answer", err)
 	}
 }
@@ -70,18 +70,18 @@ func TestCompleteRetriedPastLeaseIsChecked(t *testing.T) {
 // then runs what waited in its socket buffers) does not store its answer
 // over the later run's, however much lease it has left by its own clock.
 func TestCompleteAfterAnotherTookTheKeyIsNotStored(t *testing.T) {
-	s, rdb, _ := newStoreCounting(t, lock.Config{CallTimeout: 2 * time.Second, ReleaseTimeout: time.Second})
+	s, rdb, _ := newStoreCounting(t, engine.Config{CallTimeout: 2 * time.Second, ReleaseTimeout: time.Second})
 	ctx := ctxT(t)
 
-	key := lock.Key("test:", "", "taken")
-	first, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: time.Minute, Renew: lock.NoRenew})
+	key := engine.Key("test:", "", "taken")
+	first, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute, Renew: engine.NoRenew})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The lease is gone in Redis and another request runs; first's local
 	// deadline is a minute away.
 	rdb.Del(ctx, key)
-	later, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: time.Minute})
+	later, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestCompleteAfterAnotherTookTheKeyIsNotStored(t *testing.T) {
 		t.Fatalf("Complete after the other's answer was stored: %v, want ErrNotStored alone", err)
 	}
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) || string(done.Response.Body) != string(laterResponse.Body) {
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) || string(done.Response.Body) != string(laterResponse.Body) {
 		t.Fatalf("a retry after both: %v, want the later request's answer", err)
 	}
 }

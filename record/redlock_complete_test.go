@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // A Redlock completion that comes within a call of its lease deadline
@@ -19,8 +19,8 @@ import (
 func TestRedlockCompleteNearDeadlineIsChecked(t *testing.T) {
 	s, masters := newRedlockStore(t) // CallTimeout 2s
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "redlock-near-deadline")
-	p, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 3 * time.Second, Renew: lock.NoRenew})
+	key := engine.Key("test:", "", "redlock-near-deadline")
+	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 3 * time.Second, Renew: engine.NoRenew})
 	if err != nil {
 		t.Fatal(err)
 	}

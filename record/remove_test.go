@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // Remove never touches a key whose lock is held: a request in progress
@@ -17,9 +17,9 @@ import (
 func TestRemoveRefusesHeldLock(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "remove-held")
+	key := engine.Key("test:", "", "remove-held")
 
-	p, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: time.Minute})
+	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestRemoveRefusesHeldLock(t *testing.T) {
 
 	// The key's lock taken again (a lock-only route on the same key) while
 	// the record is there.
-	holder := mustAcquireLock(t, lock.New(rdb, nil), key)
+	holder := mustAcquireLock(t, engine.New(rdb, nil), key)
 	if _, err := s.Remove(ctx, key); !errors.Is(err, ErrHeld) {
 		t.Fatalf("Remove with the lock held: %v, want ErrHeld", err)
 	}
@@ -64,8 +64,8 @@ func TestRemoveRefusesHeldLock(t *testing.T) {
 func TestRedlockRemoveRefusesLockOnOneMaster(t *testing.T) {
 	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "redlock-remove-held")
-	p, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: time.Minute})
+	key := engine.Key("test:", "", "redlock-remove-held")
+	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,9 +115,9 @@ func TestRedlockRemoveRefusesLockOnOneMaster(t *testing.T) {
 }
 
 // mustAcquireLock takes key with c (lock-only, no record) or fails t.
-func mustAcquireLock(t *testing.T, c *lock.Client, key string) *lock.Lock {
+func mustAcquireLock(t *testing.T, c *engine.Client, key string) *engine.Lock {
 	t.Helper()
-	l, err := c.Acquire(ctxT(t), key, lock.Options{TTL: time.Minute})
+	l, err := c.Acquire(ctxT(t), key, engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatalf("Acquire(%s): %v", key, err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // A request costs Redis two round trips, as a lock does (acquire, release):
@@ -20,7 +20,7 @@ import (
 // (the answer stored and the lock released, one script). A retry of a
 // completed request costs one: Begin, whose reply
 // is the stored answer. A request given up costs two too: Begin and
-// Abandon (HDEL). Checked on the client (a hook that sees
+// Release (HDEL). Checked on the client (a hook that sees
 // every command and pipeline) and on the server (INFO commandstats), with a
 // plain client and through the deferred autopipeliner the Caddy handler uses.
 // Once the scripts are loaded: after a Redis restart or a SCRIPT FLUSH the
@@ -32,26 +32,10 @@ func TestRoundTripsPerRequest(t *testing.T) {
 
 	for _, client := range []string{"plain", "autopipeline"} {
 		t.Run("client="+client, func(t *testing.T) {
-			hook := &redistest.Commands{}
-			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-			rdb.AddHook(hook)
-			t.Cleanup(func() { _ = rdb.Close() })
-			var c redis.UniversalClient = rdb
-			if client == "autopipeline" {
-				ap, err := rdb.AsyncAutoPipelineWithOptions(redis.DefaultBlockingAutoPipelineOptions())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = ap.Close() })
-				c = ap
-			}
-			s, err := NewStore(lock.New(c, &lock.Config{CallTimeout: 5 * time.Second}))
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, hook := countedStore(t, srv.Addr, client == "autopipeline")
 			ctx := ctxT(t)
-			opt := lock.Options{TTL: time.Minute}
-			key := func(i int) string { return lock.Key("test:", client, strconv.Itoa(i)) }
+			opt := engine.Options{TTL: time.Minute}
+			key := func(i int) string { return engine.Key("test:", client, strconv.Itoa(i)) }
 			execute := func(k string) error {
 				lk, err := s.Begin(ctx, k, fp("a"), opt)
 				if err != nil {
@@ -66,12 +50,12 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				}
 				return nil
 			}
-			abandon := func(k string) error {
+			giveUp := func(k string) error {
 				lk, err := s.Begin(ctx, k, fp("a"), opt)
 				if err != nil {
 					return fmt.Errorf("Begin of a new key: %w", err)
 				}
-				return lk.Abandon(ctx)
+				return lk.Release(ctx)
 			}
 
 			// Warm-up: open the connection and load the scripts.
@@ -81,7 +65,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			if err := replay(key(-1)); err != nil {
 				t.Fatal(err)
 			}
-			if err := abandon(key(-2)); err != nil {
+			if err := giveUp(key(-2)); err != nil {
 				t.Fatal(err)
 			}
 			hook.Take()
@@ -99,7 +83,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			}{
 				{"executed request (Begin, Complete)", execute, 0, 2, []string{"evalsha", "evalsha"}},
 				{"replay (Begin of a completed key)", replay, 0, 1, []string{"evalsha"}},
-				{"request given up (Begin, Abandon)", abandon, 100, 2, []string{"evalsha", "hdel"}},
+				{"request given up (Begin, Release)", giveUp, 100, 2, []string{"evalsha", "hdel"}},
 			} {
 				want := tc.want
 				for i := range n {
@@ -113,19 +97,49 @@ func TestRoundTripsPerRequest(t *testing.T) {
 				}
 				t.Logf("%s: %d round trip(s), sending %v", tc.what, tc.trips, want)
 			}
-			// The server agrees: a script per Begin (n executed, n replays,
-			// n given up) and per completion, a SET per completion (and one
-			// per new lock in the Begin script, for its fencing counter), an
-			// HDEL per completion and per give-up, and no EVAL (the scripts
-			// stayed cached).
-			for cmd, want := range map[string]int{"evalsha": 4 * n, "set": n + 2*n, "hdel": 2 * n} {
-				if got := redistest.Calls(t, srv.Addr, cmd); got != want {
-					t.Fatalf("server saw %d %s, want %d", got, strings.ToUpper(cmd), want)
-				}
-			}
-			if got := redistest.Calls(t, srv.Addr, "eval"); got != 0 {
-				t.Fatalf("server saw %d EVAL, want 0", got)
-			}
+			checkServerCalls(t, srv.Addr, n)
 		})
+	}
+}
+
+// countedStore is a Store on the Redis at addr, through a client whose
+// commands and round trips hook counts, or (autopipeline) through that
+// client's deferred autopipeliner.
+func countedStore(t *testing.T, addr string, autopipeline bool) (*Store, *redistest.Commands) {
+	t.Helper()
+	hook := &redistest.Commands{}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	rdb.AddHook(hook)
+	t.Cleanup(func() { _ = rdb.Close() })
+	var c redis.UniversalClient = rdb
+	if autopipeline {
+		ap, err := rdb.AsyncAutoPipelineWithOptions(redis.DefaultBlockingAutoPipelineOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ap.Close() })
+		c = ap
+	}
+	s, err := NewStore(engine.New(c, &engine.Config{CallTimeout: 5 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, hook
+}
+
+// checkServerCalls checks that the server agrees with the client's count
+// of n requests of each kind: a script per Begin (n executed, n replays, n
+// given up) and per completion, a SET per completion (and one per new lock
+// in the Begin script, for its fencing counter), an HDEL per completion and
+// per give-up, and no EVAL (the scripts stayed cached).
+func checkServerCalls(t *testing.T, addr string, n int) {
+	t.Helper()
+	for cmd, want := range map[string]int{"evalsha": 4 * n, "set": n + 2*n, "hdel": 2 * n} {
+		if got := redistest.Calls(t, addr, cmd); got != want {
+			t.Fatalf("server saw %d %s, want %d", got, strings.ToUpper(cmd), want)
+		}
+	}
+	if got := redistest.Calls(t, addr, "eval"); got != 0 {
+		t.Fatalf("server saw %d EVAL, want 0", got)
 	}
 }

@@ -5,8 +5,8 @@ import (
 	_ "embed"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // Refresh is the lock's own script, and completing a request that still
@@ -23,15 +23,15 @@ var (
 
 // notObtained is the error of a lock another request holds for remaining.
 func notObtained(remaining time.Duration) error {
-	return &lock.NotObtainedError{Remaining: remaining}
+	return &engine.NotObtainedError{Remaining: remaining}
 }
 
 // releaseFields deletes token and fields of the lock key on node (one
-// HDEL), or returns lock.ErrNotHeld when the lock is not token's.
-func releaseFields(ctx context.Context, node *lock.Redis, key, token string, fields ...string) error {
-	released, err := redisscript.ConnOf(node).ReleaseFields(ctx, key, token, fields...)
+// HDEL), or returns engine.ErrNotHeld when the lock is not token's.
+func releaseFields(ctx context.Context, node *engine.Redis, key, token string, fields ...string) error {
+	released, err := node.Conn().ReleaseFields(ctx, key, token, fields...)
 	if err == nil && !released {
-		return lock.ErrNotHeld
+		return engine.ErrNotHeld
 	}
 	return err
 }

@@ -8,9 +8,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/quorum"
 	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // Errors of Begin, for errors.Is and errors.As.
@@ -44,37 +44,31 @@ func Key(lockKey string) string { return lockKey + ":result" }
 // or on every master of a Redlock, where a record is written to all of them
 // and a completion counts once a majority has it.
 type Store struct {
-	c      *lock.Client
-	nodes  []*lock.Redis
+	c      *engine.Client
+	nodes  []*engine.Redis
 	names  []string
 	quorum int
 }
 
-// NewStore returns the Store of c, whose Backend is a *lock.Redis or a
-// *lock.Redlock of them.
-func NewStore(c *lock.Client) (*Store, error) {
-	switch b := c.Backend().(type) {
-	case *lock.Redis:
-		return &Store{c: c, nodes: []*lock.Redis{b}, names: []string{"redis"}, quorum: 1}, nil
-	case *lock.Redlock:
-		s := &Store{c: c, names: b.Names(), quorum: b.Quorum()}
-		for _, n := range b.Nodes() {
-			r, ok := n.(*lock.Redis)
-			if !ok {
-				return nil, fmt.Errorf("record: a Redlock master of type %T", n)
-			}
-			s.nodes = append(s.nodes, r)
-		}
-		return s, nil
+// NewStore returns the Store of c, whose Backend tells where its locks
+// live (engine.Placed): a Redis, or a Redlock of them.
+func NewStore(c *engine.Client) (*Store, error) {
+	b, ok := c.Backend().(engine.Placed)
+	if !ok {
+		return nil, fmt.Errorf("record: a Store needs a Client on Redis or Redlock, not %T", c.Backend())
 	}
-	return nil, fmt.Errorf("record: a Store needs a lock.Client on Redis or Redlock, not %T", c.Backend())
+	m := b.Masters()
+	return &Store{c: c, nodes: m.Nodes, names: m.Names, quorum: m.Quorum}, nil
 }
 
 // Pending is a request that runs with its record in progress: its held
 // lock, and the fingerprint that its outcome is stored with. It is what
-// Begin gives and what Complete or Abandon ends.
+// Begin gives and what Complete or Release ends: Release gives the request
+// up with nothing to keep (the backend was never reached, or answered "try
+// again"), deleting the lock and the fingerprint in it, so that a retry
+// runs.
 type Pending struct {
-	*lock.Lock
+	*engine.Lock
 	store       *Store
 	fingerprint string
 }
@@ -83,23 +77,23 @@ type Pending struct {
 // round trip. When the request is new, it returns it Pending: the lock
 // held, the record now in progress beside it. Otherwise it returns a *CompletedError
 // with the stored response, ErrMismatch when the key's record has another
-// fingerprint, or a *lock.NotObtainedError while another request with the
+// fingerprint, or a *engine.NotObtainedError while another request with the
 // same fingerprint is in progress (after opt.Wait, during which a
 // completion ends the wait with its response). fingerprint is 64 hex
 // digits (a SHA-256).
-func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Options) (*Pending, error) {
+func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.Options) (*Pending, error) {
 	if len(fingerprint) != fingerprintLen {
 		return nil, fmt.Errorf("record: fingerprint of %d characters, want %d", len(fingerprint), fingerprintLen)
 	}
-	var b lock.Backend
+	var b engine.Backend
 	if len(s.nodes) == 1 {
 		b = &begin{node: s.nodes[0], fingerprint: fingerprint}
 	} else {
-		nodes := make([]lock.Master, len(s.nodes))
+		nodes := make([]engine.Master, len(s.nodes))
 		for i, n := range s.nodes {
 			nodes[i] = &begin{node: n, fingerprint: fingerprint}
 		}
-		rl, err := lock.NewRedlockOf(nodes, s.names)
+		rl, err := engine.NewRedlockOf(nodes, s.names)
 		if err != nil {
 			return nil, err
 		}
@@ -116,10 +110,10 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt lock.Opt
 // releases p's lock. Like a release it runs detached from ctx's
 // cancellation, bounded by the Client's ReleaseTimeout, and for a Bulk
 // answer by the time its size takes on a slow link too (tryTimeout). The
-// lock's keep-alive goes on while Redis has not answered (lock.Ending), so
+// lock's keep-alive goes on while Redis has not answered (engine.Ending), so
 // that the lease outlasts a large answer on its way, and stops once it
 // has; after an ErrUnavailable error it still goes on, for the tries that
-// follow: call Complete again, or Stop or Abandon to give the lock up.
+// follow: call Complete again, or Stop or Release to give the lock up.
 //
 // It returns ErrNotStored when the outcome was not stored: another was
 // stored first, or p's lease ran out and another request has taken the key
@@ -159,7 +153,7 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 		rctx, cancel = context.WithTimeout(rctx, timeout)
 	}
 	err := s.complete(rctx, cancel, lk, c)
-	if !errors.Is(err, lock.ErrUnavailable) {
+	if !errors.Is(err, engine.ErrUnavailable) {
 		lk.Stop() // Redis answered: the lock is deleted, or not ours
 	}
 	return err
@@ -174,7 +168,7 @@ type completion struct {
 }
 
 // complete is one try of Complete on ctx, which cancel ends.
-func (s *Store) complete(ctx context.Context, cancel context.CancelFunc, lk *lock.Lock, c completion) error {
+func (s *Store) complete(ctx context.Context, cancel context.CancelFunc, lk *engine.Lock, c completion) error {
 	if len(s.nodes) == 1 {
 		defer cancel()
 		stored, err := s.completeOn(ctx, 0, lk, &c)
@@ -182,7 +176,7 @@ func (s *Store) complete(ctx context.Context, cancel context.CancelFunc, lk *loc
 		case errors.Is(err, errHeld):
 			return ErrKeyHeld
 		case err != nil && !redisscript.Unreplicated(err):
-			return fmt.Errorf("%w: %w", lock.ErrUnavailable, err)
+			return fmt.Errorf("%w: %w", engine.ErrUnavailable, err)
 		case !stored:
 			return ErrNotStored
 		case err != nil:
@@ -205,7 +199,7 @@ func (s *Store) complete(ctx context.Context, cancel context.CancelFunc, lk *loc
 		return nil
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%w: stored on %d of %d: %w", lock.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
+		return fmt.Errorf("%w: stored on %d of %d: %w", engine.ErrUnavailable, stored, len(s.nodes), errors.Join(errs...))
 	}
 	return ErrNotStored
 }
@@ -263,8 +257,8 @@ func (s *Store) tryTimeout(bulk bool, size int) time.Duration {
 // commands for a request that completes within a call of its deadline,
 // which renewal (every ttl/3) keeps rare unless ttl is under about 1.5
 // times CallTimeout. With neither timeout set the margin is 0.
-func (s *Store) mayBeLost(lk *lock.Lock, try time.Duration) bool {
-	if errors.Is(context.Cause(lk.Context()), lock.ErrNotHeld) {
+func (s *Store) mayBeLost(lk *engine.Lock, try time.Duration) bool {
+	if errors.Is(context.Cause(lk.Context()), engine.ErrNotHeld) {
 		return true
 	}
 	margin := max(s.c.Config().CallTimeout, try)
@@ -274,8 +268,8 @@ func (s *Store) mayBeLost(lk *lock.Lock, try time.Duration) bool {
 // completeOn stores c's value as lk's record on node i and releases lk
 // there, with complete.lua or, when native, SET NX GET and HDEL; it reports
 // whether the record is lk's (stored now or by an earlier try).
-func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, c *completion) (bool, error) {
-	conn := redisscript.ConnOf(s.nodes[i])
+func (s *Store) completeOn(ctx context.Context, i int, lk *engine.Lock, c *completion) (bool, error) {
+	conn := s.nodes[i].Conn()
 	if !c.native {
 		run := conn.Run
 		if c.bulk {
@@ -283,7 +277,7 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, c *complet
 		}
 		cmd, err := run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), c.retention.Milliseconds(), c.value)
 		if err != nil && !redisscript.Unreplicated(err) {
-			return false, &lock.NodeError{Node: s.names[i], Err: err}
+			return false, &engine.NodeError{Node: s.names[i], Err: err}
 		}
 		v, _ := cmd.Int64()
 		if v == 2 { // nothing written: what the replicas say does not matter
@@ -300,7 +294,7 @@ func (s *Store) completeOn(ctx context.Context, i int, lk *lock.Lock, c *complet
 		err = conn.ProcessAll(ctx, set, release)
 	}
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return false, &lock.NodeError{Node: s.names[i], Err: err}
+		return false, &engine.NodeError{Node: s.names[i], Err: err}
 	}
 	if release.Val() == 3 {
 		conn.PublishRelease(ctx, lk.Key())
@@ -316,25 +310,20 @@ var errHeld = errors.New("held by another request")
 // token's request while it runs.
 func fingerprintField(token string) string { return "fp:" + token }
 
-// Abandon gives up p's request with nothing to keep (the backend was never
-// reached, or answered "try again"): the lock and the fingerprint in it are
-// released, so that a retry runs. It is Release.
-func (p *Pending) Abandon(ctx context.Context) error { return p.Release(ctx) }
-
 // begin is the Backend of one Begin on one Redis: the lock taken with the
 // record, and refreshed and released with it.
 type begin struct {
-	node        *lock.Redis
+	node        *engine.Redis
 	fingerprint string
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
-	conn := redisscript.ConnOf(b.node)
+	conn := b.node.Conn()
 	args := []any{token, ttl.Milliseconds(), b.fingerprint, conn.Deadline(ctx)}
-	if lock.Waiting(ctx) {
+	if engine.Waiting(ctx) {
 		args = append(args, "1")
 	}
-	cmd, err := conn.Run(ctx, beginScript, []string{key, lock.CounterKey(key), Key(key), lock.GoneKey(key, token)}, args...)
+	cmd, err := conn.Run(ctx, beginScript, []string{key, engine.CounterKey(key), Key(key), engine.GoneKey(key, token)}, args...)
 	if err != nil && !redisscript.Unreplicated(err) {
 		return 0, redisscript.Classify(ctx, conn.Late(err))
 	}
@@ -360,19 +349,19 @@ func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duratio
 	return b.node.Refresh(ctx, key, token, ttl)
 }
 
-// Release gives the request up (Abandon): HDEL of the token and its
+// Release gives the request up (Pending.Release): HDEL of the token and its
 // fingerprint, a native command that touches only this holder's fields.
 func (b *begin) Release(ctx context.Context, key, token string) error {
 	return releaseFields(ctx, b.node, key, token, fingerprintField(token))
 }
 
 // GiveBack is Release for a Begin that did not answer in time, and may
-// still run: it also marks the token given back (lock.Redis's GiveBack), so
+// still run: it also marks the token given back (engine.Redis's GiveBack), so
 // that a Begin that runs later takes nothing.
 func (b *begin) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
-	released, err := redisscript.ConnOf(b.node).GiveBackFields(ctx, key, lock.GoneKey(key, token), ttl, token, fingerprintField(token))
+	released, err := b.node.Conn().GiveBackFields(ctx, key, engine.GoneKey(key, token), ttl, token, fingerprintField(token))
 	if err == nil && !released {
-		return lock.ErrNotHeld
+		return engine.ErrNotHeld
 	}
 	return err
 }
@@ -387,4 +376,7 @@ func (b *begin) RaiseFence(ctx context.Context, key string, fence int64) error {
 	return b.node.RaiseFence(ctx, key, fence)
 }
 
-var _ lock.Master = (*begin)(nil)
+// Node is the Redis the record and its lock live on.
+func (b *begin) Node() *engine.Redis { return b.node }
+
+var _ engine.Master = (*begin)(nil)

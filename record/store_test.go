@@ -16,8 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 )
 
 // fp is the fingerprint of s.
@@ -31,7 +31,7 @@ func newStore(t *testing.T) (*Store, *redis.Client) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s, err := NewStore(lock.New(rdb, &lock.Config{CallTimeout: 5 * time.Second}))
+	s, err := NewStore(engine.New(rdb, &engine.Config{CallTimeout: 5 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +47,8 @@ var okResponse = &Response{Outcome: Replayable, Status: 201,
 func TestBeginCompleteReplay(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "k1")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	key := engine.Key("test:", "", "k1")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,19 +67,19 @@ func TestBeginCompleteReplay(t *testing.T) {
 		t.Fatal("a record before completion")
 	}
 	// A duplicate waits its turn, another request under the key is refused.
-	_, err = s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
-	var ne *lock.NotObtainedError
+	_, err = s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	var ne *engine.NotObtainedError
 	if !errors.As(err, &ne) || ne.Remaining <= 9*time.Second {
 		t.Fatalf("duplicate in progress: %v, want NotObtained with the remaining lease", err)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
 	}
 
 	if err := lk.Complete(ctx, okResponse, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(context.Cause(lk.Context()), lock.ErrReleased) {
+	if !errors.Is(context.Cause(lk.Context()), engine.ErrReleased) {
 		t.Fatalf("lock context after Complete: %v", context.Cause(lk.Context()))
 	}
 	if rdb.Exists(ctx, key).Val() != 0 {
@@ -88,12 +88,12 @@ func TestBeginCompleteReplay(t *testing.T) {
 	if p := rdb.PTTL(ctx, Key(key)).Val(); p <= 59*time.Minute {
 		t.Fatalf("completed record PTTL %v, want the 1h retention", p)
 	}
-	_, err = s.Begin(ctx, key, fp("a"), lock.Options{})
+	_, err = s.Begin(ctx, key, fp("a"), engine.Options{})
 	var done *CompletedError
 	if !errors.As(err, &done) || !reflect.DeepEqual(done.Response, okResponse) {
 		t.Fatalf("after completion: %v, want the stored response %+v", err, okResponse)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint after completion: %v, want ErrMismatch", err)
 	}
 }
@@ -103,8 +103,8 @@ func TestBeginCompleteReplay(t *testing.T) {
 func TestBeginWaitEndsWithCompletion(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "wait")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	key := engine.Key("test:", "", "wait")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestBeginWaitEndsWithCompletion(t *testing.T) {
 		_ = lk.Complete(context.Background(), okResponse, time.Minute)
 	}()
 	start := time.Now()
-	_, err = s.Begin(ctx, key, fp("a"), lock.Options{Wait: 5 * time.Second})
+	_, err = s.Begin(ctx, key, fp("a"), engine.Options{Wait: 5 * time.Second})
 	var done *CompletedError
 	if !errors.As(err, &done) || done.Response.Status != 201 {
 		t.Fatalf("waiting duplicate: %v, want the stored response", err)
@@ -123,24 +123,24 @@ func TestBeginWaitEndsWithCompletion(t *testing.T) {
 	}
 }
 
-// Abandon deletes the in-progress record with the lock: a retry runs.
-func TestAbandonLetsRetryRun(t *testing.T) {
+// Release deletes the in-progress record with the lock: a retry runs.
+func TestReleaseLetsRetryRun(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "abandon")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	key := engine.Key("test:", "", "abandon")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lk.Abandon(ctx); err != nil {
+	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
-		t.Fatalf("%d keys left after Abandon: %v", n, rdb.HGetAll(ctx, key).Val())
+		t.Fatalf("%d keys left after Release: %v", n, rdb.HGetAll(ctx, key).Val())
 	}
-	lk2, err := s.Begin(ctx, key, fp("b"), lock.Options{TTL: 10 * time.Second})
+	lk2, err := s.Begin(ctx, key, fp("b"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
-		t.Fatalf("retry after Abandon: %v", err)
+		t.Fatalf("retry after Release: %v", err)
 	}
 	if lk2.Fence() <= lk.Fence() {
 		t.Fatalf("fence %d after %d", lk2.Fence(), lk.Fence())
@@ -153,8 +153,8 @@ func TestAbandonLetsRetryRun(t *testing.T) {
 func TestRefreshKeepsRecord(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "long")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 600 * time.Millisecond})
+	key := engine.Key("test:", "", "long")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 600 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestRefreshKeepsRecord(t *testing.T) {
 	if err := context.Cause(lk.Context()); err != nil {
 		t.Fatalf("lock lost: %v", err)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint after two leases: %v, want ErrMismatch", err)
 	}
 	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
@@ -175,9 +175,9 @@ func TestRefreshKeepsRecord(t *testing.T) {
 func TestCompleteAfterLeaseLoss(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
-	noRenew := lock.Options{TTL: 200 * time.Millisecond, Renew: lock.NoRenew}
+	noRenew := engine.Options{TTL: 200 * time.Millisecond, Renew: engine.NoRenew}
 
-	key := lock.Key("test:", "", "lost-alone")
+	key := engine.Key("test:", "", "lost-alone")
 	lk, err := s.Begin(ctx, key, fp("a"), noRenew)
 	if err != nil {
 		t.Fatal(err)
@@ -188,18 +188,18 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 		t.Fatalf("late completion with the key free: %v, want stored", err)
 	}
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("after a late completion: %v", err)
 	}
 
-	key = lock.Key("test:", "", "lost-taken")
+	key = engine.Key("test:", "", "lost-taken")
 	old, err := s.Begin(ctx, key, fp("a"), noRenew)
 	if err != nil {
 		t.Fatal(err)
 	}
 	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
 	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return old.Context().Err() != nil })
-	newer, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	newer, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 func TestBeginRetryIsIdempotent(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "retry")
+	key := engine.Key("test:", "", "retry")
 	b := &begin{node: s.nodes[0], fingerprint: fp("a")}
 	f1, err := b.TryAcquire(ctx, key, "token-1", time.Minute)
 	if err != nil {
@@ -233,7 +233,7 @@ func TestBeginRetryIsIdempotent(t *testing.T) {
 	if err != nil || f2 != f1 {
 		t.Fatalf("retried begin: %d, %v; want %d", f2, err, f1)
 	}
-	if _, err := b.TryAcquire(ctx, key, "token-2", time.Minute); !errors.Is(err, lock.ErrNotObtained) {
+	if _, err := b.TryAcquire(ctx, key, "token-2", time.Minute); !errors.Is(err, engine.ErrNotObtained) {
 		t.Fatalf("another token: %v, want NotObtained", err)
 	}
 }
@@ -250,9 +250,9 @@ func TestBeginLeavesNothingWithoutTTL(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "caddy", Password: "pw"})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s, _ := NewStore(lock.New(rdb, nil))
-	key := lock.Key("test:", "", "acl")
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.Is(err, lock.ErrUnavailable) {
+	s, _ := NewStore(engine.New(rdb, nil))
+	key := engine.Key("test:", "", "acl")
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("Begin without PEXPIRE: %v, want ErrUnavailable", err)
 	}
 	if n := admin.Exists(ctx, key, Key(key)).Val(); n != 0 {
@@ -330,11 +330,11 @@ func newRedlockStore(t *testing.T) (*Store, []redlockMaster) {
 		t.Cleanup(func() { _ = m.rdb.Close() })
 		masters, clients, names = append(masters, m), append(clients, m.rdb), append(names, m.srv.Addr)
 	}
-	rl, err := lock.NewRedlock(clients, names)
+	rl, err := engine.NewRedlock(clients, names)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewStore(lock.NewWithBackend(rl, &lock.Config{CallTimeout: 2 * time.Second}))
+	s, err := NewStore(engine.NewWithBackend(rl, &engine.Config{CallTimeout: 2 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,12 +347,12 @@ func newRedlockStore(t *testing.T) (*Store, []redlockMaster) {
 func TestRedlockRecords(t *testing.T) {
 	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "redlock")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	key := engine.Key("test:", "", "redlock")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), lock.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
 	}
 	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
@@ -366,7 +366,7 @@ func TestRedlockRecords(t *testing.T) {
 	}
 	masters[0].srv.Stop()
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("retry with a master down: %v, want the stored response", err)
 	}
 	// Only master 2 still has it: a completed record on any master is
@@ -374,7 +374,7 @@ func TestRedlockRecords(t *testing.T) {
 	if err := masters[1].rdb.Del(ctx, Key(key)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("retry with the record on one master: %v, want the stored response", err)
 	}
 	// Given back at once if master 1 answered before master 2, else once
@@ -388,8 +388,8 @@ func TestRedlockRecords(t *testing.T) {
 func TestCompleteRetryCountsAsStored(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "complete-twice")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	key := engine.Key("test:", "", "complete-twice")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,8 +410,8 @@ func TestCompleteRetryCountsAsStored(t *testing.T) {
 func TestRedlockReplaySendsNoRelease(t *testing.T) {
 	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "redlock-replay")
-	lk, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: 10 * time.Second})
+	key := engine.Key("test:", "", "redlock-replay")
+	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +438,7 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 		})
 	}
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), lock.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("replay: %v, want the stored response", err)
 	}
 	time.Sleep(300 * time.Millisecond) // for anything sent in the background
@@ -463,18 +463,18 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 func TestBeginAfterGiveBackTakesNothing(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
-	key := lock.Key("test:", "", "given-back")
+	key := engine.Key("test:", "", "given-back")
 	b := &begin{node: s.nodes[0], fingerprint: fp("a")}
-	if err := b.GiveBack(ctx, key, "t1", time.Minute); !errors.Is(err, lock.ErrNotHeld) {
+	if err := b.GiveBack(ctx, key, "t1", time.Minute); !errors.Is(err, engine.ErrNotHeld) {
 		t.Fatalf("give-back of a Begin that never ran: %v, want ErrNotHeld", err)
 	}
-	if _, err := b.TryAcquire(ctx, key, "t1", time.Minute); !errors.As(err, new(*lock.NotObtainedError)) {
+	if _, err := b.TryAcquire(ctx, key, "t1", time.Minute); !errors.As(err, new(*engine.NotObtainedError)) {
 		t.Fatalf("the late Begin: %v, want not obtained", err)
 	}
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
 		t.Fatalf("the late Begin left %d keys (lock fields %v)", n, rdb.HGetAll(ctx, key).Val())
 	}
-	p, err := s.Begin(ctx, key, fp("a"), lock.Options{TTL: time.Minute})
+	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatalf("the next Begin: %v", err)
 	}

@@ -8,8 +8,8 @@
 // bounds on a hung Redis, no give-back, no metrics: what redis_lock costs
 // beyond this site's cost is its own.
 //
-// It is registered only in the load test's Caddy (tools/loadcaddy), never in
-// the plugin.
+// The load test's Caddy (tools/loadcaddy) registers it with Register; the
+// plugin never does.
 package floor
 
 import (
@@ -31,7 +31,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func init() {
+// Register adds the floor to Caddy's modules and its Caddyfile directive,
+// redis_lock_floor: once, before Caddy loads a config.
+func Register() {
 	caddy.RegisterModule(new(Handler))
 	httpcaddyfile.RegisterHandlerDirective("redis_lock_floor", parseCaddyfile)
 }

@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // The lock backend on the go-redis clients: each client through its
@@ -29,9 +29,9 @@ const maxQueuedCommands = 10000
 // deferred face, because a command queued in a pipeline is sent whatever
 // its context says: the lock library
 // waits on each command's future and gives up at its own deadline
-// (lock.Config.CallTimeout). With replicas, each script goes on rdb itself
+// (engine.Config.CallTimeout). With replicas, each script goes on rdb itself
 // instead, with its WAIT in one pipeline on one connection.
-func pipelined(rdb asyncPipeliner, o *Options) (lock.Master, func() error, error) {
+func pipelined(rdb asyncPipeliner, o *Options) (engine.Master, func() error, error) {
 	opt := redis.DefaultBlockingAutoPipelineOptions()
 	// A Redis that stops answering must not queue commands without end:
 	// past this many, a request gets 503 at once.
@@ -40,14 +40,14 @@ func pipelined(rdb asyncPipeliner, o *Options) (lock.Master, func() error, error
 	if err != nil {
 		return nil, nil, errors.Join(err, rdb.Close())
 	}
-	b := lock.NewPipelinedRedis(ap, rdb, lock.Replication{Replicas: o.Replicas, Timeout: o.Timeout})
+	b := engine.NewPipelinedRedis(ap, rdb, engine.Replication{Replicas: o.Replicas, Timeout: o.Timeout})
 	return b, func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
 }
 
 // redlock is the Redlock over one pipelined backend per master of o, each
 // on the client that client builds for its address.
-func redlock(o *Options, client func(addr string) asyncPipeliner) (lock.Backend, func() error, error) {
-	var nodes []lock.Master
+func redlock(o *Options, client func(addr string) asyncPipeliner) (engine.Backend, func() error, error) {
+	var nodes []engine.Master
 	var closers []func() error
 	for _, addr := range o.Addresses {
 		b, closeNode, err := pipelined(client(addr), o)
@@ -56,7 +56,7 @@ func redlock(o *Options, client func(addr string) asyncPipeliner) (lock.Backend,
 		}
 		nodes, closers = append(nodes, b), append(closers, closeNode)
 	}
-	rl, err := lock.NewRedlockOf(nodes, o.Addresses)
+	rl, err := engine.NewRedlockOf(nodes, o.Addresses)
 	if err != nil {
 		return nil, nil, errors.Join(err, closeAll(closers)())
 	}

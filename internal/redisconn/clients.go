@@ -5,12 +5,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // newClients builds the go-redis clients of o's mode with opt, and the
 // lock backend on them; close closes them.
-func newClients(o *Options, opt *redis.UniversalOptions, rec *Recovery) (b lock.Backend, close func() error, err error) {
+func newClients(o *Options, opt *redis.UniversalOptions, rec *Recovery) (b engine.Backend, close func() error, err error) {
 	switch o.Mode {
 	case Sentinel:
 		// A failover client follows the Sentinels' +switch-master and

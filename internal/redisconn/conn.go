@@ -11,7 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/reqlock/caddy-redis-lock/lock"
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 )
 
 // Conn is an open connection to Redis: the lock backend on the go-redis
@@ -22,7 +22,7 @@ import (
 // be held by requests that took locks through it: it closes when the last
 // of them lets go.
 type Conn struct {
-	backend  lock.Backend
+	backend  engine.Backend
 	recovery *Recovery
 	close    func() error
 	unhold   func()       // Hold's, made once: a hold allocates nothing
@@ -55,7 +55,7 @@ func Open(o Options) (*Conn, error) {
 }
 
 // Backend is the lock backend on c's clients.
-func (c *Conn) Backend() lock.Backend { return c.backend }
+func (c *Conn) Backend() engine.Backend { return c.backend }
 
 // Recovery tells when Redis recovers after an outage.
 func (c *Conn) Recovery() *Recovery { return c.recovery }

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
@@ -23,7 +23,7 @@ import (
 const redialTrials = 6
 
 // TestRedialAfterRestartWithinBound: the handler's own client (a Conn, and
-// lock.Client as the handler builds it) holds an answer while Redis is
+// engine.Client as the handler builds it) holds an answer while Redis is
 // killed, tries to store it until its pool gives up dialling (more failed
 // dials than its size), and keeps trying every 10ms; Redis restarts from
 // its AOF. Each time, the answer must be stored within redialBound of Redis
@@ -38,7 +38,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Destruct() })
-	locker := lock.NewWithBackend(conn.Backend(), &lock.Config{
+	locker := engine.NewWithBackend(conn.Backend(), &engine.Config{
 		CallTimeout:    2 * timeout,
 		ReleaseTimeout: timeout,
 	})
@@ -53,8 +53,8 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 
 	var worst time.Duration
 	for trial := range redialTrials {
-		key := lock.Key(lock.DefaultPrefix, "", "redial-"+strconv.Itoa(trial))
-		lk, err := store.Begin(ctx, key, fingerprint, lock.Options{TTL: time.Minute})
+		key := engine.Key(engine.DefaultPrefix, "", "redial-"+strconv.Itoa(trial))
+		lk, err := store.Begin(ctx, key, fingerprint, engine.Options{TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +62,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 		var slowest time.Duration
 		for range 3 * poolSize {
 			start := time.Now()
-			if err := lk.Complete(ctx, resp, time.Hour); !errors.Is(err, lock.ErrUnavailable) {
+			if err := lk.Complete(ctx, resp, time.Hour); !errors.Is(err, engine.ErrUnavailable) {
 				t.Fatalf("trial %d: Complete with Redis down: %v, want ErrUnavailable", trial, err)
 			}
 			slowest = max(slowest, time.Since(start))
@@ -90,7 +90,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 			if err == nil {
 				break
 			}
-			if !errors.Is(err, lock.ErrUnavailable) || time.Since(up) > 10*time.Second {
+			if !errors.Is(err, engine.ErrUnavailable) || time.Since(up) > 10*time.Second {
 				t.Fatalf("trial %d: Complete %v after Redis came back: %v", trial, time.Since(up), err)
 			}
 			time.Sleep(10 * time.Millisecond)

@@ -1,8 +1,9 @@
-// Package redisscript is the plumbing that package lock and package record
-// share to run their commands and Lua scripts on one Redis deployment: the
-// scripts' shared Lua (TakeLua), EVALSHA with its EVAL fallback, pipelines
-// through go-redis's deferred autopipeliner, and the reading of a lock
-// script's reply. It is no part of either package's API.
+// Package redisscript is the plumbing that the lock engine
+// (internal/engine) and package record share to run their commands and Lua
+// scripts on one Redis deployment: the scripts' shared Lua (TakeLua),
+// EVALSHA with its EVAL fallback, pipelines through go-redis's deferred
+// autopipeliner, and the reading of a lock script's reply. It is no part of
+// either package's API.
 package redisscript
 
 import (
@@ -19,7 +20,7 @@ import (
 )
 
 // TakeLua is the Lua that takes a lock and issues its fencing token, for the
-// scripts that take one in the same round trip as their own work (lock's
+// scripts that take one in the same round trip as their own work (engine's
 // acquire.lua, record's begin.lua): prefix their source with it and call
 // acquire(lock_key, token, lease_ms, counter_key, gone_key, deadline[,
 // field, value]), which takes the lock when it is free, or renews it when
@@ -44,9 +45,10 @@ func New(src string) Script {
 	return Script{Src: src, SHA: sha, src: src, sha: sha}
 }
 
-// ErrUnavailable is package lock's ErrUnavailable (lock re-exports it):
-// Redis could not be reached or did not answer in time. It is defined here
-// so that Classify, which both packages use, can wrap it.
+// ErrUnavailable is the lock engine's ErrUnavailable (engine and lock
+// re-export it): Redis could not be reached or did not answer in time. It
+// is defined here so that Classify, which engine and record use, can wrap
+// it.
 var ErrUnavailable = errors.New("redislock: redis unavailable")
 
 // Classify turns a Redis call error into the lock's errors: the caller's
@@ -69,7 +71,7 @@ func Classify(ctx context.Context, err error) error {
 // ParseGrant reads the reply of a script that takes a lock as acquire.lua
 // does: the fencing token as a decimal string when the lock is ours, the
 // holder's PTTL as an integer when it is not, which it returns as
-// notObtained's error (package lock's *NotObtainedError).
+// notObtained's error (the engine's *NotObtainedError).
 func ParseGrant(ctx context.Context, reply any, notObtained func(remaining time.Duration) error) (int64, error) {
 	switch v := reply.(type) {
 	case string:
@@ -129,12 +131,6 @@ func NewPipelinedConn(ap, direct redis.UniversalClient, repl Replication) *Conn 
 	}
 	return c
 }
-
-// ConnOf returns the Conn of b when b is package lock's Redis backend, else
-// nil. Package lock sets it when it is initialised (it imports this package,
-// which so cannot name its types), for package record, whose scripts run on
-// the Conn of the lock's backend.
-var ConnOf func(b any) *Conn
 
 // Client is the go-redis client of c.
 func (c *Conn) Client() redis.UniversalClient { return c.rdb }

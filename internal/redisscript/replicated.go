@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNotReplicated is package lock's ErrNotReplicated: a write that fewer
+// ErrNotReplicated is the lock engine's ErrNotReplicated: a write that fewer
 // replicas than asked acknowledged in time (Redis WAIT). The write itself
 // was made on the primary.
 var ErrNotReplicated = errors.New("redislock: write not acknowledged by enough replicas")

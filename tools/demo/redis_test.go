@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 	"github.com/reqlock/caddy-redis-lock/lock"
 	"github.com/reqlock/caddy-redis-lock/record"
@@ -92,7 +93,7 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	defer r.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	store, err := record.NewStore(lock.New(rdb, nil))
+	store, err := record.NewStore(engine.New(rdb, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 		return hex.EncodeToString(sum[:])
 	}
 	key := lock.Key(demoPrefix, "", "order-1")
-	opt := lock.Options{TTL: 300 * time.Millisecond, Renew: 60 * time.Millisecond}
+	opt := engine.Options{TTL: 300 * time.Millisecond, Renew: 60 * time.Millisecond}
 
 	lk, err := store.Begin(ctx, key, fp("charge"), opt)
 	if err != nil {
@@ -156,17 +157,17 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// Given up (the backend never reached): the record goes, a retry runs.
-	if err := lk.Abandon(ctx); err != nil {
+	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := rdb.Exists(ctx, key, record.Key(key)).Val(); n != 0 {
-		t.Fatalf("%d of the lock and record keys left after Abandon", n)
+		t.Fatalf("%d of the lock and record keys left after Release", n)
 	}
 	again, err := store.Begin(ctx, key, fp("charge"), opt)
 	if err != nil {
-		t.Fatalf("begin after Abandon: %v", err)
+		t.Fatalf("begin after Release: %v", err)
 	}
-	if err := again.Abandon(ctx); err != nil {
+	if err := again.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

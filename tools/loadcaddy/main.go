@@ -9,9 +9,10 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/reqlock/caddy-redis-lock"
-	_ "github.com/reqlock/caddy-redis-lock/internal/floor"
+	"github.com/reqlock/caddy-redis-lock/internal/floor"
 )
 
 func main() {
+	floor.Register()
 	caddycmd.Main()
 }

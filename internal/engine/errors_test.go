@@ -1,4 +1,4 @@
-package lock
+package engine
 
 import (
 	"context"
@@ -131,19 +131,6 @@ func TestContextErrors(t *testing.T) {
 	}
 	if took > 1500*time.Millisecond {
 		t.Fatalf("200ms deadline returned after %v", took)
-	}
-}
-
-// Client is a Locker: code written against the interface takes locks.
-func TestClientIsLocker(t *testing.T) {
-	_, rdb := startRedis(t)
-	var lk Locker = New(rdb, nil)
-	l, err := lk.Acquire(ctxT(t), testKey(t), Options{TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctxT(t)); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package lock
+package engine
 
 import (
 	"context"
@@ -62,14 +62,16 @@ func NewPipelinedRedis(ap, direct redis.UniversalClient, repl Replication) *Redi
 	return &Redis{conn: redisscript.NewPipelinedConn(ap, direct, redisscript.Replication(repl))}
 }
 
-// Package record runs its own scripts on the Conn of a *Redis.
-func init() {
-	redisscript.ConnOf = func(b any) *redisscript.Conn {
-		if r, ok := b.(*Redis); ok {
-			return r.conn
-		}
-		return nil
-	}
+// Conn is what r runs its commands and scripts on: package record runs its
+// own there, beside the locks.
+func (r *Redis) Conn() *redisscript.Conn { return r.conn }
+
+// Node is r itself: the Redis a master's locks live on (Master).
+func (r *Redis) Node() *Redis { return r }
+
+// Masters is r alone, named "redis", a majority of one.
+func (r *Redis) Masters() Masters {
+	return Masters{Nodes: []*Redis{r}, Names: []string{"redis"}, Quorum: 1}
 }
 
 // TryAcquire runs the acquire script: the lock and its fencing token, or the
@@ -143,4 +145,4 @@ func (r *Redis) RaiseFence(ctx context.Context, key string, fence int64) error {
 	return nil
 }
 
-var _ Backend = (*Redis)(nil)
+var _ Placed = (*Redis)(nil)

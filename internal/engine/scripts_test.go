@@ -1,4 +1,4 @@
-package lock
+package engine
 
 import (
 	"crypto/sha1"
@@ -29,7 +29,7 @@ func TestScriptsAreTheEmbeddedFiles(t *testing.T) {
 		files  []string
 		script redisscript.Script
 	}{
-		{[]string{"../internal/redisscript/take.lua", "acquire.lua"}, acquireScript},
+		{[]string{"../redisscript/take.lua", "acquire.lua"}, acquireScript},
 		{[]string{"refresh.lua"}, refreshScript},
 	} {
 		var file string

@@ -1,4 +1,4 @@
-package lock
+package engine
 
 import (
 	"errors"
@@ -35,9 +35,9 @@ func TestKeyKnownVector(t *testing.T) {
 	for key, want := range map[string]string{
 		"p:{6e34}6e340b9c":    "p:{6e34}fence",
 		"p:{6e34}6e34:result": "p:{6e34}fence",
-		"plain-key":           UntaggedCounterKey,
-		"p:{}x":               UntaggedCounterKey,
-		"p:{unclosed":         UntaggedCounterKey,
+		"plain-key":           untaggedCounterKey,
+		"p:{}x":               untaggedCounterKey,
+		"p:{unclosed":         untaggedCounterKey,
 		"{a}b{c}":             "{a}fence",
 	} {
 		if got := CounterKey(key); got != want {
@@ -438,7 +438,7 @@ func TestAcquireRetrySameTokenIsIdempotent(t *testing.T) {
 func TestAcquireScriptFileRetry(t *testing.T) {
 	_, rdb := startRedis(t)
 	ctx := ctxT(t)
-	src := readScript(t, "../internal/redisscript/take.lua") + readScript(t, "acquire.lua")
+	src := readScript(t, "../redisscript/take.lua") + readScript(t, "acquire.lua")
 	key := testKey(t)
 	// run returns the fencing token (a string reply) or the PTTL (an
 	// integer reply).

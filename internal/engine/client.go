@@ -1,14 +1,11 @@
-package lock
+package engine
 
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,11 +21,6 @@ const (
 // NoRenew as Options.Renew turns the keep-alive off: the lease ends at its
 // local deadline.
 const NoRenew time.Duration = -1
-
-// Locker acquires locks. Client implements it over any Backend.
-type Locker interface {
-	Acquire(ctx context.Context, key string, opt Options) (*Lock, error)
-}
 
 // Options for one Acquire.
 type Options struct {
@@ -65,8 +57,8 @@ type Config struct {
 	OnRenew func(err error)
 }
 
-// DefaultMaxBackground is Config.MaxBackground's default.
-const DefaultMaxBackground = 64
+// defaultMaxBackground is Config.MaxBackground's default.
+const defaultMaxBackground = 64
 
 // Client takes locks on a Backend: it waits for them, bounds each call, and
 // cleans up after calls whose reply did not come.
@@ -94,7 +86,7 @@ func NewWithBackend(b Backend, cfg *Config) *Client {
 		c.cfg.ReleaseTimeout = c.cfg.CallTimeout
 	}
 	if c.cfg.MaxBackground <= 0 {
-		c.cfg.MaxBackground = DefaultMaxBackground
+		c.cfg.MaxBackground = defaultMaxBackground
 	}
 	c.bg = make(chan struct{}, c.cfg.MaxBackground)
 	c.gb = make(chan struct{}, c.cfg.MaxBackground)
@@ -106,50 +98,6 @@ func (c *Client) Backend() Backend { return c.b }
 
 // Config is the Client's configuration, with its defaults applied.
 func (c *Client) Config() Config { return c.cfg }
-
-// Key builds the Redis key for a lock: prefix + "{" + h[:4] + "}" + h, where
-// h is the hex SHA-256 of scope + NUL + name. Hashing keeps client data out
-// of Redis key names and keys fixed-length. The braces are a Cluster hash
-// tag: the lock, its fencing counter (CounterKey) and an idempotency record
-// share a slot, and the 65,536 tags spread the locks evenly over the
-// slots (and so over a Cluster's masters).
-func Key(prefix, scope, name string) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(name))
-	var sum [sha256.Size]byte
-	var hexed [2 * sha256.Size]byte
-	hex.Encode(hexed[:], h.Sum(sum[:0]))
-	return prefix + "{" + string(hexed[:4]) + "}" + string(hexed[:])
-}
-
-// UntaggedCounterKey is the fencing counter of lock keys without a Cluster
-// hash tag (keys not made by Key): one for all of them, which a Redis
-// Cluster cannot use with the lock in one script.
-const UntaggedCounterKey = "redis_lock:fence"
-
-// CounterKey is the fencing counter of a lock key: the key up to the end of
-// its hash tag, then "fence" (prefix{h4}fence for a key from Key), so that
-// it shares the lock's slot. Counters are few (at most 65,536 per prefix)
-// and have no TTL; each lock key has exactly one, so its tokens strictly
-// increase. A key without a hash tag has UntaggedCounterKey.
-func CounterKey(lockKey string) string {
-	open := strings.IndexByte(lockKey, '{')
-	if open < 0 {
-		return UntaggedCounterKey
-	}
-	end := strings.IndexByte(lockKey[open+1:], '}')
-	if end <= 0 { // no tag, or an empty one: Redis hashes the whole key
-		return UntaggedCounterKey
-	}
-	return lockKey[:open+1+end+1] + "fence"
-}
-
-// GoneKey marks token given back on lockKey: the acquire scripts take
-// nothing for a token whose mark exists (Redis's GiveBack). It shares the
-// lock's hash tag, and lives one lease.
-func GoneKey(lockKey, token string) string { return lockKey + ":gone:" + token }
 
 // Acquire takes the lock named key (a full Redis key, such as one from Key)
 // for opt.TTL. The returned lock's Context is derived from ctx and is
@@ -291,11 +239,11 @@ func (c *Client) release(ctx context.Context, b Backend, key, token string) erro
 	return c.releaseCall(ctx, func(rctx context.Context) error { return b.Release(rctx, key, token) })
 }
 
-// releaseCall runs call, a release, on the ReleaseContext of ctx. The caller's
+// releaseCall runs call, a release, on the releaseContext of ctx. The caller's
 // context cannot end it; its own timeout passing means Redis did not
 // answer: ErrUnavailable.
 func (c *Client) releaseCall(ctx context.Context, call func(context.Context) error) error {
-	rctx, cancel := c.ReleaseContext(ctx)
+	rctx, cancel := c.releaseContext(ctx)
 	defer cancel()
 	return c.reclassify(context.WithoutCancel(ctx), call(rctx))
 }
@@ -344,10 +292,6 @@ const (
 	maxGiveBackPause = 100 * time.Millisecond
 )
 
-// Running is the number of background calls running now: Background's
-// and the give-backs.
-func (c *Client) Running() int { return len(c.bg) + len(c.gb) }
-
 // giveBackOn gives token back on b: through its GiveBack when it has one,
 // else its Release.
 func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
@@ -357,10 +301,9 @@ func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Dura
 	return b.Release(ctx, key, token)
 }
 
-// ReleaseContext is the context a release runs on: detached from ctx's
-// cancellation (the caller may be gone), bounded by ReleaseTimeout. For a
-// caller whose own script releases the lock (package record).
-func (c *Client) ReleaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// releaseContext is the context a release runs on: detached from ctx's
+// cancellation (the caller may be gone), bounded by ReleaseTimeout.
+func (c *Client) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	detached := context.WithoutCancel(ctx)
 	if c.cfg.ReleaseTimeout > 0 {
 		return context.WithTimeout(detached, c.cfg.ReleaseTimeout)
@@ -392,5 +335,3 @@ func (c *Client) inBackground(ctx context.Context, sem chan struct{}, f func(con
 	}()
 	return true
 }
-
-var _ Locker = (*Client)(nil)

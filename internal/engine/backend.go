@@ -1,4 +1,4 @@
-package lock
+package engine
 
 import (
 	"context"
@@ -21,4 +21,20 @@ type Backend interface {
 	Refresh(ctx context.Context, key, token string, ttl time.Duration) error
 	// Release deletes key if token holds it, else ErrNotHeld.
 	Release(ctx context.Context, key, token string) error
+}
+
+// Placed is a Backend that tells where its locks live (Redis and Redlock
+// do), for package record, which keeps its records beside them.
+type Placed interface {
+	Backend
+	Masters() Masters
+}
+
+// Masters is where a Placed's locks live: the Redis of each master, in
+// order (one without Redlock), the names that label them in errors, and
+// how many of them make a majority.
+type Masters struct {
+	Nodes  []*Redis
+	Names  []string
+	Quorum int
 }
