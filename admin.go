@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -72,12 +73,17 @@ func (adminAPI) serveList(w http.ResponseWriter, r *http.Request) error {
 
 // keyState is the answer of GET /redis_lock/keys.
 type keyState struct {
-	Name      string       `json:"name"`
-	Key       string       `json:"key"`
-	RedisKey  string       `json:"redis_key"`
-	RecordKey string       `json:"record_key,omitempty"`
-	Lock      lockState    `json:"lock"`
-	Record    *recordState `json:"record,omitempty"`
+	Name      string `json:"name"`
+	Key       string `json:"key"`
+	RedisKey  string `json:"redis_key"`
+	RecordKey string `json:"record_key,omitempty"`
+	// IdempotencyKey and AccountLock: a record of a per-account handler
+	// (`idempotency { key }`), looked up by both keys; Lock is then the
+	// record's own lock, AccountLock the account's.
+	IdempotencyKey string       `json:"idempotency_key,omitempty"`
+	AccountLock    *lockState   `json:"account_lock,omitempty"`
+	Lock           lockState    `json:"lock"`
+	Record         *recordState `json:"record,omitempty"`
 	// Nodes are the Redlock masters' own answers.
 	Nodes []nodeState `json:"nodes,omitempty"`
 }
@@ -113,14 +119,15 @@ const (
 )
 
 // serveKey answers GET (look up) and DELETE (clear the record) on
-// /redis_lock/keys?key=<key>&scope=<scope>&name=<name>.
+// /redis_lock/keys?key=<key>&scope=<scope>&name=<name>, and
+// &idempotency_key=<key> for a per-account handler's records.
 func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
 		w.Header().Set("Allow", "GET, DELETE")
 		return apiError(http.StatusMethodNotAllowed, "method not allowed: %s", r.Method)
 	}
 	q := r.URL.Query()
-	for _, p := range []string{"key", "scope", "name"} {
+	for _, p := range []string{"key", "scope", "name", "idempotency_key"} {
 		if len(q[p]) > 1 {
 			return apiError(http.StatusBadRequest, "%s is given more than once", p)
 		}
@@ -141,13 +148,10 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if h.Scope == "" && q.Has("scope") {
 		return apiError(http.StatusBadRequest, "this handler has no scope: leave scope= out")
 	}
-	key := q.Get("key")
-	if h.Idempotency != nil {
-		if key, err = normaliseKey(h.keyTmpl, key); err != nil {
-			return apiError(http.StatusBadRequest, "%v", err)
-		}
+	k, err := h.adminKey(q.Get("key"), q.Get("scope"), q)
+	if err != nil {
+		return err
 	}
-	rkey := engine.Key(h.Prefix, q.Get("scope"), key)
 	store, err := h.inspector()
 	if err != nil {
 		return err
@@ -155,15 +159,27 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), h.locker.Config().CallTimeout)
 	defer cancel()
 	if r.Method == http.MethodDelete {
-		return h.removeRecord(ctx, w, store, rkey)
+		if k.record == "" && h.Idempotency != nil {
+			return apiError(http.StatusBadRequest, "this handler keys its records by its idempotency key (%s): give idempotency_key=", h.Idempotency.Key)
+		}
+		return h.removeRecord(ctx, w, store, k.lookup())
 	}
-	in, nodes, err := store.Inspect(ctx, rkey)
+	in, nodes, err := store.Inspect(ctx, k.lookup())
 	if err != nil {
 		return redisError(err)
 	}
-	out := keyState{Name: h.Name, Key: key, RedisKey: rkey, RecordKey: h.recordKey(rkey), Lock: lockOf(in)}
-	if h.Idempotency != nil {
+	out := keyState{Name: h.Name, Key: k.key, RedisKey: k.lookup(), RecordKey: k.recordKey(), Lock: lockOf(in)}
+	if k.record != "" {
 		out.Record = recordOf(in)
+	}
+	if k.record != "" && k.record != k.lock {
+		out.IdempotencyKey = k.idempotencyKey
+		acct, _, err := store.Inspect(ctx, k.lock)
+		if err != nil {
+			return redisError(err)
+		}
+		l := lockOf(acct)
+		out.AccountLock = &l
 	}
 	for _, n := range nodes {
 		ns := nodeState{Name: n.Name}
@@ -179,6 +195,50 @@ func (adminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 		out.Nodes = append(out.Nodes, ns)
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// adminLookup is a key an operator gives: the lock's key, and its
+// record's (the lock's own with idempotency, or within it by the
+// idempotency key with `idempotency { key }`; "" without a record).
+type adminLookup struct {
+	requestKey
+	key, idempotencyKey string
+}
+
+// lookup is the key looked up: the record's lock, or the lock alone.
+func (k adminLookup) lookup() string {
+	if k.record != "" {
+		return k.record
+	}
+	return k.lock
+}
+
+// adminKey reads the key (and idempotency_key) an operator gives as the
+// handler reads a request's: a header's value as an sf-string's inside.
+func (h *Handler) adminKey(key, scope string, q url.Values) (adminLookup, error) {
+	perAccount := h.Idempotency != nil && h.Idempotency.Key != ""
+	if q.Has("idempotency_key") && !perAccount {
+		return adminLookup{}, apiError(http.StatusBadRequest, "this handler has no idempotency { key }: leave idempotency_key= out")
+	}
+	var err error
+	if h.Idempotency != nil && !perAccount {
+		if key, err = normaliseKey(h.keyTmpl, key); err != nil {
+			return adminLookup{}, apiError(http.StatusBadRequest, "%v", err)
+		}
+	}
+	k := adminLookup{key: key}
+	k.lock = engine.Key(h.Prefix, scope, key)
+	switch {
+	case h.Idempotency == nil:
+	case !perAccount:
+		k.record = k.lock
+	case q.Get("idempotency_key") != "":
+		if k.idempotencyKey, err = normaliseKey(h.recordTmpl, q.Get("idempotency_key")); err != nil {
+			return adminLookup{}, apiError(http.StatusBadRequest, "%v", err)
+		}
+		k.record = engine.Key(h.Prefix, k.lock, k.idempotencyKey)
+	}
+	return k, nil
 }
 
 // removeRecord answers DELETE: the record removed (200), none (404), or

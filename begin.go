@@ -23,15 +23,15 @@ import (
 // retry gets it. Just after Redis's recovery, the answers other requests got
 // while it was away are stored first (settle, beginAgain).
 func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, start time.Time) (*record.Pending, error) {
-	repl.Set(phRecordKey, record.Key(k.lock))
+	repl.Set(phRecordKey, k.recordKey())
 	ctx := context.WithoutCancel(r.Context())
 	recoveredAt := h.conn.Recovery().Last()
 	if redisconn.Settle(recoveredAt) {
 		metrics.settled.inc(settleWaited)
 	}
-	pending, err := h.store.Begin(ctx, k.lock, k.fingerprint, h.lockOptions())
+	pending, err := h.store.Begin(ctx, k.record, k.fingerprint, h.lockOptions())
 	if err == nil && h.conn.Recovery().Last() != recoveredAt {
-		pending, err = h.beginAgain(ctx, pending, k.lock, k.fingerprint, start)
+		pending, err = h.beginAgain(ctx, pending, k.record, k.fingerprint, start)
 	}
 	return pending, err
 }

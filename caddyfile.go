@@ -57,6 +57,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			replicas          <n>
 //		}
 //		idempotency {
+//			key          <template>
 //			retention    <duration>
 //			fingerprint  <part>...
 //			max_response <size>
@@ -213,6 +214,8 @@ func (c *IdempotencyConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	return parseBlock(d, "idempotency", func(name string) (err error) {
 		switch name {
+		case "key":
+			err = oneArg(d, &c.Key)
 		case "retention":
 			err = durationArg(d, &c.Retention)
 		case "max_response":

@@ -194,20 +194,23 @@ func caddyfileBlocks(t *testing.T, file string) []string {
 }
 
 // Every Caddyfile in the README is complete: it adapts with no warning and
-// loads as `caddy validate` loads it, with no Redis. The checkout form
-// recipe is testdata/adapt/checkout_form.caddyfile, byte for byte.
+// loads as `caddy validate` loads it, with no Redis. The checkout form and
+// wallet recipes are testdata/adapt/checkout_form.caddyfile and
+// wallet.caddyfile, byte for byte.
 func TestDocsREADMECaddyfiles(t *testing.T) {
 	t.Parallel()
 	blocks := caddyfileBlocks(t, "README.md")
 	if len(blocks) < 5 {
 		t.Fatalf("README.md has %d caddyfile blocks, want the first Caddyfile and the recipes", len(blocks))
 	}
-	checkout, err := os.ReadFile(filepath.Join("testdata", "adapt", "checkout_form.caddyfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(blocks, string(checkout)) {
-		t.Error("the README's checkout form recipe differs from testdata/adapt/checkout_form.caddyfile: copy it there and run go test -run TestAdapt -update")
+	for _, name := range []string{"checkout_form", "wallet"} {
+		recipe, err := os.ReadFile(filepath.Join("testdata", "adapt", name+".caddyfile"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(blocks, string(recipe)) {
+			t.Errorf("a README recipe differs from testdata/adapt/%s.caddyfile: copy it there and run go test -run TestAdapt -update", name)
+		}
 	}
 	for i, cf := range blocks {
 		out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), map[string]any{"filename": "README.md"})

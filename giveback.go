@@ -3,6 +3,7 @@ package redislock
 import (
 	"errors"
 	"net/http"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -71,6 +72,34 @@ func (g *lockGiveBack) inPlace(w http.ResponseWriter, o outcome) (bool, error) {
 		return true, g.h.writeProblem(w, problemOutcomeUnknown)
 	}
 	return false, nil
+}
+
+// accountGiveBack stores a per-account request's outcome in its record
+// (`idempotency { key }`), then releases the account's lock as a lock-only
+// request's: left to its lease when the request may still be running
+// unanswered, so that no other request of the account runs beside it.
+// done is called once both are over.
+type accountGiveBack struct {
+	record *recordGiveBack
+	lock   *lockGiveBack
+	left   atomic.Int32
+}
+
+func (g *accountGiveBack) writer(hw *holdWriter) http.ResponseWriter { return g.record.writer(hw) }
+
+func (g *accountGiveBack) give(o outcome, done func()) {
+	g.left.Store(2)
+	both := func() {
+		if g.left.Add(-1) == 0 {
+			done()
+		}
+	}
+	g.record.give(o, both)
+	g.lock.give(o, both)
+}
+
+func (g *accountGiveBack) inPlace(w http.ResponseWriter, o outcome) (bool, error) {
+	return g.record.inPlace(w, o)
 }
 
 // recordGiveBack stores an idempotent request's outcome with its lock.

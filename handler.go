@@ -49,20 +49,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	unhold := h.conn.Hold()
 	var lk *engine.Lock
 	var pending *record.Pending
-	if h.Idempotency != nil {
-		pending, err = h.begin(r, repl, k, start)
-		if err == nil {
-			lk = pending.Lock
-			restrictAcceptEncoding(r)
-		}
-	} else {
+	switch {
+	case k.record == "":
 		lk, err = h.acquire(r, k.lock, unhold)
+	case k.record == k.lock:
+		if pending, err = h.begin(r, repl, k, start); err == nil {
+			lk = pending.Lock
+		}
+	default:
+		if pending, err = h.begin(r, repl, k, start); err == nil {
+			lk, err = h.acquireAccount(r, k.lock, pending, start)
+		}
 	}
 	if err != nil {
 		if !errors.Is(err, errClientLeft) {
 			unhold() // a lock taken as the client left lets go itself
 		}
-		return h.notTaken(w, r, next, repl, k.lock, err, start)
+		return h.notTaken(w, r, next, repl, k, err, start)
+	}
+	if pending != nil {
+		restrictAcceptEncoding(r)
 	}
 	metrics.wait.Observe(time.Since(start).Seconds())
 	return h.hold(w, r, repl, lk, pending, unhold).run(next)
@@ -87,6 +93,34 @@ func (h *Handler) acquire(r *http.Request, rkey string, unhold func()) (*engine.
 	return lk, err
 }
 
+// acquireAccount takes the lock of a per-account request (`idempotency {
+// key }`), whose record was begun: its own key's wait is taken out of the
+// `wait`. The lock outlives the client as the record does. An account held
+// by another request is errAccountBusy, and a record whose account lock was
+// not taken is given up: nothing ran under it, and its retry runs.
+func (h *Handler) acquireAccount(r *http.Request, accountKey string, pending *record.Pending, start time.Time) (*engine.Lock, error) {
+	opt := h.lockOptions()
+	opt.Wait = max(opt.Wait-time.Since(start), 0)
+	ctx := context.WithoutCancel(r.Context())
+	lk, err := h.locker.Acquire(ctx, accountKey, opt)
+	if err == nil {
+		return lk, nil
+	}
+	if gerr := pending.Release(ctx); gerr != nil && !errors.Is(gerr, engine.ErrNotHeld) {
+		h.releaseWarn.warn(h.logger, "giving up a record whose account lock was not taken",
+			zap.String("key", pending.Key()), zap.Error(gerr))
+	}
+	var busy *engine.NotObtainedError
+	if errors.As(err, &busy) {
+		return nil, fmt.Errorf("%w: %w", errAccountBusy, err)
+	}
+	return nil, err
+}
+
+// errAccountBusy is a per-account request whose account another request
+// holds: 409 conflict, where a duplicate of one in progress is in-progress.
+var errAccountBusy = errors.New("redis_lock: another request of the account is in progress")
+
 // errClientLeft is a lock not taken, or given back at once, because the
 // client left: nobody to answer.
 var errClientLeft = errors.New("redis_lock: the client left before the lock was taken")
@@ -94,7 +128,7 @@ var errClientLeft = errors.New("redis_lock: the client left before the lock was 
 // notTaken answers a request whose key was not taken: the stored answer
 // replayed, another request under the key (409, with Retry-After), another
 // request's key (422), or Redis's failure.
-func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error, start time.Time) error {
+func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, k requestKey, err error, start time.Time) error {
 	var done *record.CompletedError
 	var busy *engine.NotObtainedError
 	switch {
@@ -108,18 +142,18 @@ func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhtt
 		return h.reject(w, repl, resultMismatch, problemMismatch)
 	case errors.As(err, &busy):
 		metrics.wait.Observe(time.Since(start).Seconds())
-		p := problemConflict
-		if h.Idempotency != nil {
-			p = problemInProgress
+		p := problemInProgress
+		if k.record == "" || errors.Is(err, errAccountBusy) {
+			p = problemConflict
 		}
 		return h.reject(w, repl, resultConflict, p.withRetryAfter(h.holds.retryAfter(busy.Remaining)))
 	case errors.Is(err, errNotGivenBack):
 		// Not fail_open: the key is still held, for a request that
 		// may run nowhere else meanwhile.
-		h.unavailable.warn(h.logger, "redis unavailable: answering 503", zap.String("key", rkey), zap.Error(err))
+		h.unavailable.warn(h.logger, "redis unavailable: answering 503", zap.String("key", k.lock), zap.Error(err))
 		return h.reject(w, repl, resultUnavailable, problemUnavailable)
 	default:
-		return h.unavailableRedis(w, r, next, repl, rkey, err)
+		return h.unavailableRedis(w, r, next, repl, k, err)
 	}
 }
 
@@ -141,7 +175,7 @@ func untilAcquired(client context.Context, wait bool) (ctx context.Context, keep
 
 // unavailableRedis answers a request whose lock could not be taken because
 // Redis failed: 503, or the request passed on unlocked with fail_open.
-func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, rkey string, err error) error {
+func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, k requestKey, err error) error {
 	if errors.Is(err, engine.ErrNotReplicated) {
 		metrics.unacked.inc(writeLock)
 	}
@@ -149,15 +183,15 @@ func (h *Handler) unavailableRedis(w http.ResponseWriter, r *http.Request, next 
 	if h.OnError == OnErrorFailOpen {
 		result = resultFailOpen
 	}
-	h.events.emit(eventRedisUnavailable, rkey, h.recordKey(rkey), 0, result)
+	h.events.emit(eventRedisUnavailable, k.lock, k.recordKey(), 0, result)
 	if h.OnError == OnErrorFailOpen {
 		h.unavailable.warn(h.logger, "redis unavailable: passing the request on unlocked (fail_open)",
-			zap.String("key", rkey), zap.Error(err))
+			zap.String("key", k.lock), zap.Error(err))
 		h.count(repl, resultFailOpen)
 		return next.ServeHTTP(w, r)
 	}
 	h.unavailable.warn(h.logger, "redis unavailable: answering 503 (fail_closed)",
-		zap.String("key", rkey), zap.Error(err))
+		zap.String("key", k.lock), zap.Error(err))
 	return h.reject(w, repl, resultUnavailable, problemUnavailable)
 }
 
@@ -171,22 +205,14 @@ func (h *Handler) runUnder(r *http.Request, repl *caddy.Replacer, lk *engine.Loc
 	}
 }
 
-// lockLost logs and counts a lock lost while its request was in flight.
-func (h *Handler) lockLost(lk *engine.Lock, cause error) {
+// lockLost logs and counts a lock lost while its request was in flight;
+// recordKey is its request's record's key, if it has one.
+func (h *Handler) lockLost(lk *engine.Lock, recordKey string, cause error) {
 	metrics.lost.Inc()
-	h.events.emit(eventLockLost, lk.Key(), h.recordKey(lk.Key()), lk.Fence(), resultLost)
+	h.events.emit(eventLockLost, lk.Key(), recordKey, lk.Fence(), resultLost)
 	h.logger.Warn("lock lost while the request was in flight",
 		zap.String("key", lk.Key()), zap.Int64("fencing_token", lk.Fence()),
 		zap.String("lost_lock", h.LostLock), zap.NamedError("cause", cause))
-}
-
-// recordKey is the idempotency record's key of the lock key rkey; "" when
-// the handler keeps no records.
-func (h *Handler) recordKey(rkey string) string {
-	if h.Idempotency == nil {
-		return ""
-	}
-	return record.Key(rkey)
 }
 
 // reject answers with p and records result.

@@ -23,35 +23,46 @@ type heldRequest struct {
 	h        *Handler
 	r        *http.Request
 	repl     *caddy.Replacer
-	lk       *engine.Lock
-	hw       *holdWriter // holds back the response's end until the give-back
+	lk       *engine.Lock // the lock next runs under: its fencing token is sent
+	record   *engine.Lock // the record's lock, when lk is an account's
+	hw       *holdWriter  // holds back the response's end until the give-back
 	back     giveBack
 	unhold   func() // ends the request's hold on the Redis connection
 	acquired time.Time
 	given    bool // the key was given back
 	counted  bool // the request's result was counted
 
-	ctx       context.Context // next's, detached from the client (upstream)
-	cancel    context.CancelCauseFunc
-	stopAfter func() bool                // stops the watch on the client
-	giveUp    atomic.Pointer[time.Timer] // runs a lease after the client left
-	once      *sentOnce
+	ctx        context.Context // next's, detached from the client (upstream)
+	cancel     context.CancelCauseFunc
+	stopAfter  func() bool                // stops the watch on the client
+	stopRecord func() bool                // stops the watch on the record's lock
+	giveUp     atomic.Pointer[time.Timer] // runs a lease after the client left
+	once       *sentOnce
 
 	// The give-backs, kept here so that choosing one allocates nothing.
-	lockGB   lockGiveBack
-	recordGB recordGiveBack
+	lockGB    lockGiveBack
+	recordGB  recordGiveBack
+	accountGB accountGiveBack
 }
 
-// hold starts r's run under lk (pending's lock, with idempotency), with
+// hold starts r's run under lk (pending's lock, with idempotency; an
+// account's, with pending's beside it, with `idempotency { key }`), with
 // its result acquired and its fencing token set (runUnder). unhold ends its
 // hold on the Redis connection once the key is given back.
 func (h *Handler) hold(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, lk *engine.Lock, pending *record.Pending, unhold func()) *heldRequest {
 	h.runUnder(r, repl, lk)
 	q := &heldRequest{h: h, r: r, repl: repl, lk: lk, hw: newHoldWriter(w), unhold: unhold, acquired: time.Now()}
-	if pending != nil {
+	switch {
+	case pending != nil && pending.Lock != lk:
+		q.record = pending.Lock
+		q.recordGB = recordGiveBack{h: h, r: r, pending: pending}
+		q.lockGB = lockGiveBack{h: h, r: r, lk: lk}
+		q.accountGB = accountGiveBack{record: &q.recordGB, lock: &q.lockGB}
+		q.back = &q.accountGB
+	case pending != nil:
 		q.recordGB = recordGiveBack{h: h, r: r, pending: pending}
 		q.back = &q.recordGB
-	} else {
+	default:
 		q.lockGB = lockGiveBack{h: h, r: r, lk: lk}
 		q.back = &q.lockGB
 	}
@@ -74,8 +85,7 @@ func (q *heldRequest) run(next caddyhttp.Handler) error {
 // problem its mode gives in its place.
 func (q *heldRequest) finish(o outcome, nextErr error) error {
 	if o.lost {
-		_, cause := q.lost()
-		q.h.lockLost(q.lk, cause)
+		q.lockLost()
 	}
 	q.giveBack(o)
 	if o.kind == aborted && q.hw.started {
@@ -123,6 +133,11 @@ func (q *heldRequest) upstream() *http.Request {
 		parent = context.WithoutCancel(q.r.Context())
 	}
 	q.ctx, q.cancel = context.WithCancelCause(parent)
+	if q.record != nil && q.h.LostLock == LostLockAbort {
+		// Either lock lost cancels next: the record's lets a duplicate
+		// begin, the account's another request of the account run.
+		q.stopRecord = context.AfterFunc(q.record.Context(), func() { q.cancel(context.Cause(q.record.Context())) })
+	}
 	ttl := time.Duration(q.h.TTL)
 	q.stopAfter = context.AfterFunc(q.r.Context(), func() {
 		q.giveUp.Store(time.AfterFunc(ttl, func() { q.cancel(errClientGoneTooLong) }))
@@ -138,6 +153,9 @@ func (q *heldRequest) end() {
 		if t := q.giveUp.Load(); t != nil {
 			t.Stop()
 		}
+	}
+	if q.stopRecord != nil {
+		q.stopRecord()
 	}
 	q.cancel(nil)
 }
@@ -159,11 +177,38 @@ func (q *heldRequest) countUnanswered(lost bool) {
 	q.countOutcome(lost)
 }
 
-// lost reports whether the lock was lost while next ran, and why the lock's
-// context ended.
-func (q *heldRequest) lost() (bool, error) {
-	cause := context.Cause(q.lk.Context())
-	return errors.Is(cause, engine.ErrNotHeld), cause
+// lost reports whether a lock was lost while next ran: lk, or the
+// record's beside an account's.
+func (q *heldRequest) lost() bool {
+	lk, _ := q.lostLock()
+	return lk != nil
+}
+
+// lostLock is the lock lost while next ran, and why its context ended; nil
+// when none was.
+func (q *heldRequest) lostLock() (*engine.Lock, error) {
+	for _, lk := range []*engine.Lock{q.lk, q.record} {
+		if lk == nil {
+			continue
+		}
+		if cause := context.Cause(lk.Context()); errors.Is(cause, engine.ErrNotHeld) {
+			return lk, cause
+		}
+	}
+	return nil, nil
+}
+
+// lockLost logs and counts the lock lost while next ran.
+func (q *heldRequest) lockLost() {
+	lk, cause := q.lostLock()
+	if lk == nil {
+		return
+	}
+	rk := ""
+	if q.recordGB.pending != nil {
+		rk = record.Key(q.recordGB.pending.Key())
+	}
+	q.h.lockLost(lk, rk, cause)
 }
 
 // recoverPanic, deferred, gives the key back as after an answer that broke
@@ -176,13 +221,13 @@ func (q *heldRequest) recoverPanic() {
 	if p == nil {
 		return
 	}
-	lost, cause := q.lost()
+	lost := q.lost()
 	q.giveBack(outcome{kind: brokeOff, lost: lost})
 	q.hw.discard()
 	switch {
 	case q.counted:
 	case lost:
-		q.h.lockLost(q.lk, cause)
+		q.lockLost()
 		q.count(resultLost)
 	default:
 		q.count(resultAcquired)

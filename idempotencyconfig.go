@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -34,6 +35,14 @@ var knownParts = []string{partMethod, partPath, partQuery, partBody, partJSON}
 // IdempotencyConfig configures storing finished responses and replaying
 // them to later requests with the same key.
 type IdempotencyConfig struct {
+	// Key is the record's own key, a template (say
+	// {http.request.header.Idempotency-Key}): it deduplicates, while the
+	// handler's key (say an account) serialises. At most one request per
+	// handler key runs at a time, whatever its idempotency key; the record
+	// is keyed by this key within the scope and the handler's key, and a
+	// retry of a finished request is replayed without taking the handler's
+	// lock. Default: the handler's key is the record's too.
+	Key string `json:"key,omitempty"`
 	// Retention is how long a finished response is kept. Default: 24h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 	// Fingerprint lists the request parts that must match the stored
@@ -85,6 +94,9 @@ func (c *IdempotencyConfig) validate() error {
 	var errs []error
 	if c.Retention <= 0 {
 		errs = append(errs, fmt.Errorf("idempotency: retention must be positive, got %v", time.Duration(c.Retention)))
+	}
+	if c.Key != "" && strings.TrimSpace(c.Key) == "" {
+		errs = append(errs, errors.New("idempotency: key is blank"))
 	}
 	if c.MaxResponse <= 0 {
 		errs = append(errs, fmt.Errorf("idempotency: max_response must be positive, got %d", c.MaxResponse))

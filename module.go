@@ -74,8 +74,13 @@ type Handler struct {
 	// Key is the template of the lock's name: Caddy placeholders such as
 	// {http.request.header.Idempotency-Key}, plus
 	// {http.redis_lock.json.<path>} for fields of a JSON request body
-	// (dotted path, array indices as numbers: items.0.sku). The key is
-	// missing when any placeholder in it expands to nothing. Required.
+	// (dotted path, array indices as numbers: items.0.sku) and
+	// {http.redis_lock.form.<field>} for fields of an
+	// application/x-www-form-urlencoded body. The key
+	// is missing when any placeholder in it expands to nothing; so is a
+	// body field of a request without a body. With Idempotency's Key, this
+	// key is an account's: it serialises, the record's key deduplicates.
+	// Required.
 	Key string `json:"key,omitempty"`
 
 	// TTL is the lease of the lock. Default: 10s.
@@ -129,9 +134,10 @@ type Handler struct {
 	// fencing_header off).
 	FencingHeaderOff bool `json:"fencing_header_off,omitempty"`
 
-	// MaxBody is how many bytes of the request body are read when the key
-	// or scope uses {http.redis_lock.json.*}, or the idempotency
-	// fingerprint includes the body; a larger body gets 413.
+	// MaxBody is how many bytes of the request body are read when the key,
+	// the scope or the record's key uses {http.redis_lock.json.*} or
+	// {http.redis_lock.form.*}, or the idempotency fingerprint includes the
+	// body (body or json); a larger body gets 413.
 	// Default: 65536 (64KiB).
 	MaxBody int64 `json:"max_body,omitempty"`
 
@@ -158,7 +164,8 @@ type Handler struct {
 	logger      *zap.Logger
 	keyTmpl     template
 	scopeTmpl   template
-	inputs      keyInputs        // what the key and scope read from a request
+	recordTmpl  template         // idempotency's own key (per-account serialisation)
+	inputs      keyInputs        // what the key, the scope and the record's key read from a request
 	unavailable *rateLimitedWarn // Redis unavailable: 503 or fail_open
 	releaseWarn *rateLimitedWarn // a release or a give-up that failed
 	storeWarn   *rateLimitedWarn // an answer that could not be stored
@@ -197,6 +204,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.keyTmpl = parseTemplate(h.Key)
 	h.scopeTmpl = parseTemplate(h.Scope)
 	h.inputs = h.keyTmpl.inputs.merge(h.scopeTmpl.inputs)
+	if h.Idempotency != nil && h.Idempotency.Key != "" {
+		h.recordTmpl = parseTemplate(h.Idempotency.Key)
+		h.inputs = h.inputs.merge(h.recordTmpl.inputs)
+	}
 	h.readsBody = len(h.inputs.jsonPaths) > 0 || len(h.inputs.formNames) > 0 || h.Idempotency.fingerprints(partBody) || h.Idempotency.fingerprints(partJSON)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("redis_lock: %w", err)

@@ -33,7 +33,7 @@ const (
 
 // classify is the outcome of q's request, whose next returned nextErr.
 func (q *heldRequest) classify(nextErr error) outcome {
-	lost, _ := q.lost()
+	lost := q.lost()
 	o := outcome{lost: lost}
 	switch {
 	case lost && q.h.LostLock == LostLockAbort:

@@ -9,15 +9,27 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/reqlock/caddy-redis-lock/internal/engine"
+	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // requestKey is what a request is locked by: its lock key and, with
-// idempotency, its fingerprint. It is missing when the key or the scope
-// expands to nothing.
+// idempotency, its record's lock key and its fingerprint. The record's key
+// is the lock's own, or with `idempotency { key }` its own key within the
+// scope and the lock's key; "" when the request runs under the lock alone.
+// It is missing when the key or the scope expands to nothing.
 type requestKey struct {
 	lock        string
+	record      string
 	fingerprint string
 	missing     bool
+}
+
+// recordKey is the Redis key of k's record; "" without one.
+func (k requestKey) recordKey() string {
+	if k.record == "" {
+		return ""
+	}
+	return record.Key(k.record)
 }
 
 // refusal is a request refused before any lock: the result it counts and
@@ -60,7 +72,7 @@ func (h *Handler) keyOf(r *http.Request, repl *caddy.Replacer) (requestKey, erro
 		return requestKey{}, templateError{err}
 	}
 	var keyValue func(key string, val any) (any, error)
-	if h.Idempotency != nil {
+	if h.Idempotency != nil && h.Idempotency.Key == "" {
 		keyValue = idempotencyKeyPlaceholder
 	}
 	key, keyMissing, err := h.keyTmpl.expand(repl, keyValue)
@@ -74,7 +86,10 @@ func (h *Handler) keyOf(r *http.Request, repl *caddy.Replacer) (requestKey, erro
 	}
 	k := requestKey{lock: engine.Key(h.Prefix, scope, key)}
 	repl.Set(phKey, k.lock)
-	if h.Idempotency != nil {
+	if k.record, err = h.recordOf(repl, k.lock); err != nil {
+		return requestKey{}, err
+	}
+	if k.record != "" {
 		canonical, err := h.Idempotency.canonicalJSON(body)
 		if err != nil {
 			return requestKey{}, err
@@ -82,6 +97,33 @@ func (h *Handler) keyOf(r *http.Request, repl *caddy.Replacer) (requestKey, erro
 		k.fingerprint = h.Idempotency.fingerprint(r, body, canonical)
 	}
 	return k, nil
+}
+
+// recordOf is the lock key of a request's record: the lock's own key with
+// idempotency, or its own key (recordTmpl) within the lock's key with
+// `idempotency { key }`, where the lock's key is already within the scope:
+// two accounts that pick the same idempotency key never meet. Without its
+// own key, the request runs under the lock alone (missing_key pass), or is
+// missing.
+func (h *Handler) recordOf(repl *caddy.Replacer, lockKey string) (string, error) {
+	switch {
+	case h.Idempotency == nil:
+		return "", nil
+	case h.Idempotency.Key == "":
+		return lockKey, nil
+	}
+	key, missing, err := h.recordTmpl.expand(repl, idempotencyKeyPlaceholder)
+	switch {
+	case errors.Is(err, errInvalidIdempotencyKey):
+		return "", &refusal{resultRejected, problemInvalidIdempotencyKey}
+	case err != nil:
+		return "", templateError{err}
+	case missing && h.MissingKey == MissingKeyPass:
+		return "", nil
+	case missing:
+		return "", &refusal{resultRejected, problemMissingKey}
+	}
+	return engine.Key(h.Prefix, lockKey, key), nil
 }
 
 // bodyFields reads r's body when the key, the scope or the fingerprint

@@ -22,23 +22,31 @@ import (
 // webhookRecipe is the site block of the README's webhook recipe, its
 // inside only, with the backend and Redis addresses of the test.
 func webhookRecipe(t *testing.T, redisAddr, backend string) string {
+	return readmeRecipe(t, "### A webhook receiver", redisAddr, backend,
+		"{http.redis_lock.json.id}", "store 2xx", "fingerprint method path")
+}
+
+// readmeRecipe is the site block of the README's recipe under heading, its
+// inside only, with the backend and Redis addresses of the test; it must
+// hold each of must.
+func readmeRecipe(t *testing.T, heading, redisAddr, backend string, must ...string) string {
 	t.Helper()
 	b, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, after, ok := strings.Cut(string(b), "### A webhook receiver")
+	_, after, ok := strings.Cut(string(b), heading)
 	if !ok {
-		t.Fatal(`README.md has no "### A webhook receiver" recipe`)
+		t.Fatalf("README.md has no %q recipe", heading)
 	}
 	m := regexp.MustCompile("(?s)```caddyfile\n:8080 \\{\n(.*?)\n\\}\n```").FindStringSubmatch(after)
 	if m == nil {
-		t.Fatal("the README's webhook recipe has no `:8080 { ... }` Caddyfile")
+		t.Fatalf("the README's %q recipe has no `:8080 { ... }` Caddyfile", heading)
 	}
 	body := m[1]
-	for _, s := range []string{"127.0.0.1:9000", "{http.redis_lock.json.id}", "store 2xx", "fingerprint method path"} {
+	for _, s := range append(must, "127.0.0.1:9000") {
 		if !strings.Contains(body, s) {
-			t.Fatalf("the README's webhook recipe has no %q:\n%s", s, body)
+			t.Fatalf("the README's %q recipe has no %q:\n%s", heading, s, body)
 		}
 	}
 	body = strings.ReplaceAll(body, "127.0.0.1:9000", backend)
@@ -46,7 +54,7 @@ func webhookRecipe(t *testing.T, redisAddr, backend string) string {
 	lockLine := regexp.MustCompile(`(?m)^(\s*)redis_lock .*\{$`)
 	loc := lockLine.FindStringSubmatchIndex(body)
 	if loc == nil {
-		t.Fatalf("the README's webhook recipe has no redis_lock block:\n%s", body)
+		t.Fatalf("the README's %q recipe has no redis_lock block:\n%s", heading, body)
 	}
 	indent := body[loc[2]:loc[3]]
 	return body[:loc[1]] + "\n" + indent + "\tredis " + redisAddr + body[loc[1]:]
