@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
@@ -96,7 +98,8 @@ func (b *accountBackend) waitEntered(t *testing.T, want string) {
 
 // accountSite has three routes on the account in X-Account: /pay (no
 // wait), /wait (wait 5s) and /open (missing_key pass: a request without an
-// Idempotency-Key runs under the account's lock alone).
+// Idempotency-Key runs under the account's lock alone). Each compares a
+// retry's JSON body by value.
 func accountSite(redis, backend string) string {
 	route := func(path, extra string) string {
 		return fmt.Sprintf(`	handle %s* {
@@ -105,6 +108,7 @@ func accountSite(redis, backend string) string {
 			%s
 			idempotency {
 				key {http.request.header.Idempotency-Key}
+				fingerprint method path json
 			}
 		}
 		reverse_proxy %s
@@ -150,6 +154,7 @@ func TestAccountSerialisation(t *testing.T) {
 			checkReplayWhileAccountBusy(t, s, be)
 			checkAccountWait(t, s, be)
 			checkAccountMissingKey(t, s, be)
+			checkJSONFingerprint(t, s, be)
 			be.mu.Lock()
 			defer be.mu.Unlock()
 			for acct, n := range be.overlaps {
@@ -165,11 +170,17 @@ func TestAccountSerialisation(t *testing.T) {
 // which the backend holds for hold.
 func pay(s *caddySite, path, acct, key string, hold time.Duration) *response {
 	s.t.Helper()
+	return payBody(s, path, acct, key, hold, `{"amount":1299}`)
+}
+
+// payBody is pay with its JSON body.
+func payBody(s *caddySite, path, acct, key string, hold time.Duration, body string) *response {
+	s.t.Helper()
 	hdr := []string{"X-Account", acct, "X-Hold-Ms", strconv.Itoa(int(hold / time.Millisecond))}
 	if key != "" {
 		hdr = append(hdr, "Idempotency-Key", key)
 	}
-	r, err := s.send(context.Background(), "POST", path, `{"amount":1299}`, hdr...)
+	r, err := s.send(context.Background(), "POST", path, body, hdr...)
 	if err != nil {
 		s.t.Errorf("POST %s %s/%s: %v", path, acct, key, err)
 		return &response{}
@@ -300,6 +311,30 @@ func checkAccountMissingKey(t *testing.T, s *caddySite, be *accountBackend) {
 	}
 }
 
+// fingerprint ... json: a retry that re-serialises its body (members in
+// another order, a number written another way) is the same request and is
+// replayed; another value is 422 key-reused; a body that is not JSON is
+// 400 invalid-json, and reaches nothing.
+func checkJSONFingerprint(t *testing.T, s *caddySite, be *accountBackend) {
+	first := payBody(s, "/pay", "e", "j1", 0, `{"amount":1299,"currency":"eur","items":[{"sku":"a","qty":1}]}`)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("json fingerprint, first: %s", first)
+	}
+	again := payBody(s, "/pay", "e", "j1", 0, "{ \"items\": [ {\"qty\": 1.0, \"sku\": \"a\"} ],\n \"currency\": \"eur\", \"amount\": 1.299e3 }")
+	if again.Body != first.Body || again.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("json fingerprint, the body re-serialised: %s, want %q replayed", again, first.Body)
+	}
+	if r := payBody(s, "/pay", "e", "j1", 0, `{"amount":1300,"currency":"eur","items":[{"sku":"a","qty":1}]}`); r.Status != http.StatusUnprocessableEntity || problemCode(r) != "key-reused" {
+		t.Fatalf("json fingerprint, another amount: %s, want 422 key-reused", r)
+	}
+	if r := payBody(s, "/pay", "e", "j2", 0, `amount=1299`); r.Status != http.StatusBadRequest || problemCode(r) != "invalid-json" {
+		t.Fatalf("json fingerprint, a form body: %s, want 400 invalid-json", r)
+	}
+	if n, m := be.count("e", "j1"), be.count("e", "j2"); n != 1 || m != 0 {
+		t.Fatalf("json fingerprint: j1 charged %d times, j2 %d; want 1 and 0", n, m)
+	}
+}
+
 // The README's wallet recipe, as written there: two payments of one
 // account (its id in the JSON body) with their own keys run one after the
 // other, and a retry of the first is replayed.
@@ -337,5 +372,86 @@ func TestWalletRecipe(t *testing.T) {
 	defer be.mu.Unlock()
 	if be.overlaps["acct_1"] != 0 || be.charges["acct_1/pay-1"] != 1 || be.charges["acct_1/pay-2"] != 1 {
 		t.Fatalf("overlaps %d, charges %v; want none and one each", be.overlaps["acct_1"], be.charges)
+	}
+}
+
+// Either lock of a per-account request lost while it runs (the account's,
+// or its record's) cancels the upstream request; the client gets 502
+// outcome-unknown at once, and so does its retry, from the record: the
+// backend ran once.
+func TestAccountLostLock(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	cancelled := make(chan string, 4)
+	entered := make(chan string, 4)
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		_, _ = io.ReadAll(r.Body) // then the server watches the connection
+		mu.Lock()
+		runs[key]++
+		mu.Unlock()
+		entered <- key
+		select {
+		case <-r.Context().Done():
+			cancelled <- key
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	t.Cleanup(be.Close)
+	s := startCaddySite(t, fmt.Sprintf(`	redis_lock {http.request.header.X-Account} {
+		redis %s
+		ttl 3s
+		renew 100ms
+		idempotency {
+			key {http.request.header.Idempotency-Key}
+		}
+	}
+	reverse_proxy %s`, srv.Addr, strings.TrimPrefix(be.URL, "http://")), siteOptions{})
+
+	account := engine.Key(engine.DefaultPrefix, "", "a")
+	for _, c := range []struct{ key, lost string }{
+		{"k-account", account},
+		{"k-record", engine.Key(engine.DefaultPrefix, account, "k-record")},
+	} {
+		done := make(chan *response, 1)
+		go func() {
+			r, err := s.send(context.Background(), "POST", "/pay", `{}`, "X-Account", "a", "Idempotency-Key", c.key)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- r
+		}()
+		if got := <-entered; got != c.key {
+			t.Fatalf("%s: the backend got %s", c.key, got)
+		}
+		lost := time.Now()
+		if n, err := rdb.Del(context.Background(), c.lost).Result(); err != nil || n != 1 {
+			t.Fatalf("%s: DEL %s = %d, %v; keys %v", c.key, c.lost, n, err, rdb.Keys(context.Background(), "*").Val())
+		}
+		select {
+		case <-cancelled:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: the upstream request was not cancelled after its lock was lost", c.key)
+		}
+		first := <-done
+		if p := expectProblem(t, first, http.StatusBadGateway); !strings.HasSuffix(p.Type, "#outcome-unknown") || time.Since(lost) > 2*time.Second {
+			t.Fatalf("%s: %s after %v, want outcome-unknown within a few renewals", c.key, first, time.Since(lost))
+		}
+		var again *response
+		redistest.Eventually(t, 5*time.Second, "the stored outcome", func() bool {
+			again = s.do("POST", "/pay", `{}`, "X-Account", "a", "Idempotency-Key", c.key)
+			return again.Status != http.StatusConflict
+		})
+		if again.Status != http.StatusBadGateway || again.Header.Get(replayedHeader) != "true" {
+			t.Fatalf("%s: the retry got %s, want the stored outcome-unknown", c.key, again)
+		}
+		mu.Lock()
+		n := runs[c.key]
+		mu.Unlock()
+		if n != 1 {
+			t.Fatalf("%s: the backend ran %d times, want once", c.key, n)
+		}
 	}
 }
