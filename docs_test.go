@@ -303,3 +303,29 @@ func TestDocsREADMEFirstCaddyfile(t *testing.T) {
 		}
 	}
 }
+
+// Every problem's type URI resolves: problemTypeBase is the reference's URL,
+// and each slug is a heading of its "Problem types", whose own anchor it is
+// (no other heading takes it first).
+func TestDocsProblemTypes(t *testing.T) {
+	t.Parallel()
+	if !strings.HasSuffix(problemTypeBase, "/blob/main/docs/reference.md#") {
+		t.Fatalf("problemTypeBase %q is not docs/reference.md's URL", problemTypeBase)
+	}
+	b, err := os.ReadFile(filepath.Join("docs", "reference.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(b)
+	_, section, ok := strings.Cut(src, "\n## Problem types\n")
+	if !ok {
+		t.Fatal(`docs/reference.md has no "## Problem types"`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	slugs := headingSlugs(src)
+	for _, p := range allProblems {
+		if !strings.Contains(section, "\n### "+p.p.slug+"\n") || !slugs[p.p.slug] {
+			t.Errorf("problem %s has no heading of its own under Problem types in docs/reference.md", p.p.slug)
+		}
+	}
+}

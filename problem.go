@@ -9,8 +9,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// problemTypeBase starts the stable type URIs of the problem bodies.
-const problemTypeBase = "https://github.com/reqlock/caddy-redis-lock#"
+// problemTypeBase starts the stable type URIs of the problem bodies: each
+// is a heading of the reference's "Problem types" (docs_test checks it).
+const problemTypeBase = "https://github.com/reqlock/caddy-redis-lock/blob/main/docs/reference.md#"
 
 // The error types of Stripe's API, for the body's error member: what
 // Stripe's SDKs read to raise an error and to pick its class.

@@ -29,7 +29,7 @@ func TestWriteProblemRespond(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 		t.Fatal(err)
 	}
-	if body["type"] != "https://github.com/reqlock/caddy-redis-lock#conflict" || body["status"] != 409.0 ||
+	if body["type"] != "https://github.com/reqlock/caddy-redis-lock/blob/main/docs/reference.md#conflict" || body["status"] != 409.0 ||
 		body["title"] == "" || body["detail"] == "" || body["error"] == nil || len(body) != 5 {
 		t.Errorf("body %v", body)
 	}
