@@ -378,7 +378,10 @@ func TestWalletRecipe(t *testing.T) {
 // Either lock of a per-account request lost while it runs (the account's,
 // or its record's) cancels the upstream request; the client gets 502
 // outcome-unknown at once, and so does its retry, from the record: the
-// backend ran once.
+// backend ran once. A legacy backend goes on charging after the
+// cancellation: with the record's lock lost and the account's still held,
+// the account's lock is left to its lease, and another request of the
+// account is refused meanwhile.
 func TestAccountLostLock(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
@@ -396,6 +399,7 @@ func TestAccountLostLock(t *testing.T) {
 		select {
 		case <-r.Context().Done():
 			cancelled <- key
+			time.Sleep(time.Second) // the charge goes on
 		case <-time.After(10 * time.Second):
 		}
 	}))
@@ -446,6 +450,11 @@ func TestAccountLostLock(t *testing.T) {
 		})
 		if again.Status != http.StatusBadGateway || again.Header.Get(replayedHeader) != "true" {
 			t.Fatalf("%s: the retry got %s, want the stored outcome-unknown", c.key, again)
+		}
+		if c.key == "k-record" {
+			if r := s.do("POST", "/pay", `{}`, "X-Account", "a", "Idempotency-Key", "k-other"); r.Status != http.StatusConflict || problemCode(r) != "conflict" {
+				t.Fatalf("another request of the account while the cancelled one may still run: %s, want 409 conflict", r)
+			}
 		}
 		mu.Lock()
 		n := runs[c.key]

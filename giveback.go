@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"sync/atomic"
@@ -77,8 +78,10 @@ func (g *lockGiveBack) inPlace(w http.ResponseWriter, o outcome) (bool, error) {
 // accountGiveBack stores a per-account request's outcome in its record
 // (`idempotency { key }`), then releases the account's lock as a lock-only
 // request's: left to its lease when the request may still be running
-// unanswered, so that no other request of the account runs beside it.
-// done is called once both are over.
+// unanswered, so that no other request of the account runs beside it. A
+// request cancelled because its record's lock was lost may be running too:
+// the account's lock, still held, is left to its lease as well. done is
+// called once both are over.
 type accountGiveBack struct {
 	record *recordGiveBack
 	lock   *lockGiveBack
@@ -95,7 +98,12 @@ func (g *accountGiveBack) give(o outcome, done func()) {
 		}
 	}
 	g.record.give(o, both)
-	g.lock.give(o, both)
+	account := o
+	account.lost = errors.Is(context.Cause(g.lock.lk.Context()), engine.ErrNotHeld)
+	if o.kind == aborted && !account.lost {
+		account.kind = unanswered
+	}
+	g.lock.give(account, both)
 }
 
 func (g *accountGiveBack) inPlace(w http.ResponseWriter, o outcome) (bool, error) {
