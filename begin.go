@@ -45,12 +45,12 @@ func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, sta
 // reaches Redis just before that completion must not run the request
 // again.
 //
-// A key that could not be given back is answered 503 (errNotGivenBack):
-// it stays held for its lease. The second begin waits only for what is
-// left of the `wait`.
+// A key that could not be given back is answered 503 (errNotGivenBack),
+// and given back in the background (giveRecordBack). The second begin
+// waits only for what is left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.conn.Recovery().Last()
-	if err := pending.Release(ctx); err != nil && !errors.Is(err, engine.ErrNotHeld) {
+	if err := h.giveRecordBack(ctx, pending); err != nil && !errors.Is(err, engine.ErrNotHeld) {
 		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 	}
 	metrics.settled.inc(settleBegunAgain)
@@ -58,6 +58,31 @@ func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey,
 	opt := h.lockOptions()
 	opt.Wait = max(opt.Wait-time.Since(start), 0)
 	return h.store.Begin(ctx, rkey, fingerprint, opt)
+}
+
+// giveRecordBack gives up a record begun for a request that did not run,
+// so that its retry runs, and so that the answer of an earlier holder,
+// tried again while Redis did not take it, can land. A give-back that Redis
+// did not answer is tried again in the background while the lease lasts:
+// a record left held would refuse that earlier answer for a whole lease,
+// after which a retry runs the request again. It returns the first try's
+// error.
+func (h *Handler) giveRecordBack(ctx context.Context, p *record.Pending) error {
+	deadline := p.Deadline()
+	err := p.Release(ctx)
+	if !errors.Is(err, engine.ErrUnavailable) {
+		return err
+	}
+	h.locker.Background(ctx, func(ctx context.Context) {
+		recovered := h.conn.Recovery().Watch()
+		for time.Now().Before(deadline) {
+			recovered.Wait(completeRetryPause)
+			if err := p.Release(ctx); !errors.Is(err, engine.ErrUnavailable) {
+				return
+			}
+		}
+	})
+	return err
 }
 
 // errNotGivenBack is a key begun as Redis recovered that could not be

@@ -106,7 +106,7 @@ func (h *Handler) acquireAccount(r *http.Request, accountKey string, pending *re
 	if err == nil {
 		return lk, nil
 	}
-	if gerr := pending.Release(ctx); gerr != nil && !errors.Is(gerr, engine.ErrNotHeld) {
+	if gerr := h.giveRecordBack(ctx, pending); gerr != nil && !errors.Is(gerr, engine.ErrNotHeld) {
 		h.releaseWarn.warn(h.logger, "giving up a record whose account lock was not taken",
 			zap.String("key", pending.Key()), zap.Error(gerr))
 	}
