@@ -85,9 +85,10 @@ demo:
 # with replicas 1 under failovers, then network faults through toxiproxy
 # (installed from the Go module proxy as a tool); checks the records, exits 1
 # on a violation (SEED=n another schedule; LOCK_ONLY=1 without idempotency,
-# fails; ARGS='-phase network' one phase).
+# fails; ACCOUNTS=8 the payments on 8 accounts, one request of an account at
+# a time (idempotency { key }), checked; ARGS='-phase network' one phase).
 chaos: redis
-	cd tools && SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' $(GO) run ./chaos $(ARGS)
+	cd tools && SEED='$(SEED)' LOCK_ONLY='$(LOCK_ONLY)' ACCOUNTS='$(ACCOUNTS)' $(GO) run ./chaos $(ARGS)
 
 # caddy: a Caddy binary with this plugin, built with xcaddy.
 caddy:

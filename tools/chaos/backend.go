@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +21,8 @@ import (
 // faults', so they compare.
 type execution struct {
 	ID       string // ex_000001: also in the body the backend answers
-	Key      string // Idempotency-Key as the backend saw it
+	Key      string // Idempotency-Key as the backend saw it; with an account, accountKey(account, it)
+	Account  string // X-Account as the backend saw it; "" without accounts
 	Node     int    // the Caddy node that sent it (X-Chaos-Node)
 	FenceRaw string // the Fencing-Token header as sent
 	Fence    int64  // parsed; 0 when absent or not a positive integer
@@ -30,6 +32,9 @@ type execution struct {
 	Status   int    // what it answered; 0 when it dropped the connection instead
 	Body     []byte // the exact bytes it answered; nil when dropped
 	WriteErr string // the answer could not be written (the node was gone)
+	// Concurrent are the executions of the same account in progress when
+	// this one began: two requests of one account at once.
+	Concurrent []string
 }
 
 // behaviour is what the backend does for one execution, decided from the
@@ -81,8 +86,9 @@ type backend struct {
 
 	mu       sync.Mutex
 	execs    []*execution
-	runs     map[string]int // executions per key so far
-	inFlight map[int]int    // executions in progress per node
+	runs     map[string]int      // executions per key so far
+	inFlight map[int]int         // executions in progress per node
+	accounts map[string][]string // executions in progress per account
 
 	srv  *http.Server
 	done chan struct{}
@@ -94,7 +100,7 @@ func startBackend(seed uint64, ttl time.Duration) (*backend, error) {
 		return nil, fmt.Errorf("backend: %w", err)
 	}
 	b := &backend{Addr: ln.Addr().String(), seed: seed, ttl: ttl,
-		runs: map[string]int{}, inFlight: map[int]int{}, done: make(chan struct{})}
+		runs: map[string]int{}, inFlight: map[int]int{}, accounts: map[string][]string{}, done: make(chan struct{})}
 	b.srv = &http.Server{Handler: b, ReadHeaderTimeout: 5 * time.Second,
 		// Idle connections are closed now and then, so that the proxy's
 		// pool meets closed keep-alive connections as it does in production.
@@ -129,7 +135,8 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var params chargeParams
 	_ = json.Unmarshal(raw, &params)
 	node, _ := strconv.Atoi(r.Header.Get("X-Chaos-Node"))
-	e := &execution{Key: r.Header.Get("Idempotency-Key"), Node: node,
+	e := &execution{Key: accountKey(r.Header.Get(accountHeader), r.Header.Get(idempotencyHeader)),
+		Account: r.Header.Get(accountHeader), Node: node,
 		FenceRaw: r.Header.Get("Fencing-Token"), Start: time.Now(), Large: r.URL.Query().Get("expand[]") == "receipt"}
 	if f, err := strconv.ParseInt(e.FenceRaw, 10, 64); err == nil && f > 0 {
 		e.Fence = f
@@ -140,10 +147,19 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.ID = fmt.Sprintf("ex_%06d", len(b.execs)+1)
 	b.execs = append(b.execs, e)
 	b.inFlight[node]++
+	if e.Account != "" {
+		// Another request of the account in progress: the account's lock
+		// let two run at once (checkAccount says whether a window excuses it).
+		e.Concurrent = slices.Clone(b.accounts[e.Account])
+		b.accounts[e.Account] = append(b.accounts[e.Account], e.ID)
+	}
 	b.mu.Unlock()
 	defer func() {
 		b.mu.Lock()
 		b.inFlight[node]--
+		if e.Account != "" {
+			b.accounts[e.Account] = slices.DeleteFunc(b.accounts[e.Account], func(id string) bool { return id == e.ID })
+		}
 		e.End = time.Now()
 		b.mu.Unlock()
 	}()
@@ -230,6 +246,16 @@ func withReceipt(body []byte, e *execution) []byte {
 	v["receipt"] = receipt.String()
 	out, _ := json.Marshal(v)
 	return append(out, '\n')
+}
+
+// accountKey is the key the records and the checks know a payment by: its
+// idempotency key, within its account when it has one ("acct_3/pay_00012"):
+// two accounts may use the same idempotency key for two payments.
+func accountKey(account, key string) string {
+	if account == "" {
+		return key
+	}
+	return account + "/" + key
 }
 
 // executions returns a copy of the records, in the order they began.

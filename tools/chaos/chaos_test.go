@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -95,6 +96,83 @@ func TestChaosShort(t *testing.T) {
 	}
 	if replays == 0 {
 		t.Error("no replays: the idempotency block did not take effect")
+	}
+}
+
+// TestChaosShortAccounts is the short run with the payments on four
+// accounts (per-account serialisation, `idempotency { key }`): every check
+// must pass, among them that no two requests of an account ran at once;
+// and the run must have asked that of the account's lock: different keys
+// of an account sent at once, an account with more than one execution,
+// and replays.
+func TestChaosShortAccounts(t *testing.T) {
+	sc := shortScenario(1)
+	sc.Accounts = 4
+	o := runOne(t, sc)
+	for _, v := range o.Violations {
+		t.Errorf("[%s] key %s: %s", v.Check, v.Key, v.Detail)
+	}
+	execs := map[string]int{}
+	for _, e := range o.Record.Execs {
+		if e.Account == "" {
+			t.Fatalf("%s of %s reached the backend without its account", e.ID, e.Key)
+		}
+		execs[e.Account]++
+	}
+	if len(execs) != sc.Accounts {
+		t.Errorf("executions of %d accounts, want %d: %v", len(execs), sc.Accounts, execs)
+	}
+	replays, together := 0, 0
+	var as []attempt
+	for _, c := range o.Record.Clients {
+		for _, a := range c.Attempts {
+			if a.Err == "" && a.Replayed {
+				replays++
+			}
+			as = append(as, a)
+		}
+	}
+	for _, b := range as {
+		for _, a := range as {
+			if accountOf(a.Key) == accountOf(b.Key) && a.Key != b.Key && a.Start.Before(b.Start) && b.Start.Before(a.End) {
+				together++
+				break
+			}
+		}
+	}
+	if replays == 0 || together == 0 {
+		t.Errorf("%d replays, %d attempts sent while another key of their account was in flight: the run did not test the account's lock", replays, together)
+	}
+}
+
+// TestOnAccounts: the payments on their accounts, the same idempotency key
+// in several accounts, bursts of one account's payments, and the seed's
+// payments otherwise as without accounts.
+func TestOnAccounts(t *testing.T) {
+	const n = 8
+	plain := planKeys(rand.New(rand.NewPCG(1, 2)), 400, 40*time.Second, time.Second, nil)
+	plans := planKeys(rand.New(rand.NewPCG(1, 2)), 400, 40*time.Second, time.Second, nil)
+	onAccounts(1, plans, n, 40*time.Second)
+	accounts := map[string]int{}
+	seen := map[string]bool{}
+	byIdem := map[string]int{}
+	bursts := 0
+	for i, kp := range plans {
+		accounts[kp.Account]++
+		byIdem[kp.IdemKey]++
+		if kp.Key != kp.Account+"/"+kp.IdemKey || seen[kp.Key] {
+			t.Fatalf("plan %d: key %q of account %q, idempotency key %q (twice: %v)", i, kp.Key, kp.Account, kp.IdemKey, seen[kp.Key])
+		}
+		seen[kp.Key] = true
+		if len(kp.Clients) != len(plain[i].Clients) || string(kp.Body) == string(plain[i].Body) || !strings.Contains(string(kp.Body), kp.Key) {
+			t.Fatalf("plan %d: %d clients (%d without accounts), body %s", i, len(kp.Clients), len(plain[i].Clients), kp.Body)
+		}
+		if i > 0 && kp.Account == plans[i-1].Account && kp.At >= plans[i-1].At && kp.At-plans[i-1].At < burstGap {
+			bursts++
+		}
+	}
+	if len(accounts) != n || byIdem["pay_00001"] != n || bursts < len(plans)/5 {
+		t.Errorf("accounts %v, pay_00001 in %d accounts, %d bursts", accounts, byIdem["pay_00001"], bursts)
 	}
 }
 

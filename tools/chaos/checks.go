@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -17,13 +18,15 @@ import (
 
 // The checks, each a name in the report.
 const (
-	checkReplayBytes = "replay-bytes" // an answer naming an execution is that execution's bytes
-	checkReplayLast  = "replay-last"  // a replay never names an execution a later holder superseded
-	checkOverlap     = "overlap"      // no two executions of a key at once
-	checkFencing     = "fencing"      // tokens strictly increase per key across executions
-	checkRerun       = "rerun"        // no execution once the key's answer was delivered or replayed
-	checkBounded     = "bounded"      // every attempt answered in time, every client a definite answer
-	checkLeftovers   = "leftovers"    // no lock and no in-progress record left, a record per answered key
+	checkReplayBytes = "replay-bytes"    // an answer naming an execution is that execution's bytes
+	checkReplayLast  = "replay-last"     // a replay never names an execution a later holder superseded
+	checkOverlap     = "overlap"         // no two executions of a key at once
+	checkAccount     = "account-overlap" // no two executions of an account at once (accounts run)
+	checkFencing     = "fencing"         // tokens strictly increase per key, and per account, across executions
+	checkKeyReused   = "key-reused"      // no 422 key-reused: every attempt of a key sends the same request
+	checkRerun       = "rerun"           // no execution once the key's answer was delivered or replayed
+	checkBounded     = "bounded"         // every attempt answered in time, every client a definite answer
+	checkLeftovers   = "leftovers"       // no lock and no in-progress record left, a record per answered key
 )
 
 // violation is one broken rule, with what a person needs to look at it.
@@ -201,12 +204,25 @@ type runRecord struct {
 	TTL         time.Duration
 	Timeout     time.Duration
 	Idempotency bool
+	Wait        time.Duration // the route's wait for a held key or account
 	End         redisState
 }
 
 // attemptBound is the longest an attempt of a patient client may wait for
-// its answer: a lease, and a few seconds for Redis timeouts and the backend.
-func attemptBound(ttl time.Duration) time.Duration { return ttl + 3*time.Second }
+// its answer: the route's wait for a held key or account, a lease, and a
+// few seconds for Redis timeouts and the backend.
+func attemptBound(ttl, wait time.Duration) time.Duration { return wait + ttl + 3*time.Second }
+
+// recordKeyOf is the Redis key of the record of key (accountKey's form):
+// the record of an idempotency key within its account's lock key, or of
+// the idempotency key alone.
+func recordKeyOf(key string) string {
+	account, idem, ok := strings.Cut(key, "/")
+	if !ok {
+		return record.Key(lock.Key(chaosPrefix, "", key))
+	}
+	return record.Key(lock.Key(chaosPrefix, lock.Key(chaosPrefix, "", account), idem))
+}
 
 // excusals are what the documented windows excused: counts by window, and
 // each re-run excused by Redis's return, so that a reader can judge it.
@@ -286,9 +302,15 @@ func check(rec runRecord) ([]violation, excusals) {
 			if a.Err == "" && a.Replayed && a.ExecID == "" && a.Problem != "outcome-unknown" && a.Problem != "not-replayable" {
 				add(checkReplayBytes, a.Key, "client %d attempt %d: a replay (status %d) that names no execution: %q", a.Client, a.N, a.Status, a.Body)
 			}
-			if a.Patient && a.End.Sub(a.Start) > attemptBound(rec.TTL) {
+			if a.Patient && a.End.Sub(a.Start) > attemptBound(rec.TTL, rec.Wait) {
 				add(checkBounded, a.Key, "client %d attempt %d (node %d) took %v (bound %v): status %d err %q",
-					a.Client, a.N, a.Node, a.End.Sub(a.Start).Round(time.Millisecond), attemptBound(rec.TTL), a.Status, a.Err)
+					a.Client, a.N, a.Node, a.End.Sub(a.Start).Round(time.Millisecond), attemptBound(rec.TTL, rec.Wait), a.Status, a.Err)
+			}
+			if a.Err == "" && a.Status == 422 && a.Problem == "key-reused" {
+				// Every attempt of a key sends the same method, path and
+				// body: a 422 is another request's record met under the key
+				// (another account's, say).
+				add(checkKeyReused, a.Key, "client %d attempt %d (node %d, %s) was answered 422 key-reused", a.Client, a.N, a.Node, at(a.End))
 			}
 		}
 		if !c.Definite {
@@ -379,6 +401,8 @@ func check(rec runRecord) ([]violation, excusals) {
 		}
 	}
 
+	vs = append(vs, checkAccounts(rec.Execs, w, excused, at)...)
+
 	if rec.End.Err != "" {
 		add(checkLeftovers, "", "scanning Redis: %s", rec.End.Err)
 	}
@@ -408,13 +432,67 @@ func check(rec runRecord) ([]violation, excusals) {
 			if !last.End.After(lastEmpty) {
 				continue
 			}
-			if rk := record.Key(lock.Key(chaosPrefix, "", k)); !rec.End.Records[rk] {
+			if rk := recordKeyOf(k); !rec.End.Records[rk] {
 				add(checkLeftovers, k, "client %d got an answer at %s (status %d, replayed %v, %s) but no record is stored (%s)",
 					last.Client, at(last.End), last.Status, last.Replayed, orNone(last.ExecID), rk)
 			}
 		}
 	}
 	return vs, excused
+}
+
+// whyAccountEmpty is the excuse of two executions of an account at once
+// across an empty restart.
+const whyAccountEmpty = "account overlaps across an empty restart"
+
+// checkAccounts checks the executions of each account (with
+// `idempotency { key }`): none began while another of its account was in
+// progress (the backend's Concurrent), outside the window the key's own
+// overlap check has (one in flight when Redis restarted empty, the other
+// begun after: the account's lock was lost with the data), and each
+// carries a fencing token, the account lock's, strictly above the one of
+// the account's execution before it, unless the two overlap (then the
+// overlap is what is reported, or excused).
+func checkAccounts(execs []execution, w windows, excused excusals, at func(time.Time) string) []violation {
+	var vs []violation
+	byID := map[string]execution{}
+	byAccount := map[string][]execution{}
+	for _, e := range execs {
+		byID[e.ID] = e
+		if e.Account != "" {
+			byAccount[e.Account] = append(byAccount[e.Account], e)
+		}
+	}
+	accounts := slices.Sorted(maps.Keys(byAccount))
+	for _, acct := range accounts {
+		ex := byAccount[acct]
+		sort.SliceStable(ex, func(i, j int) bool { return ex[i].Start.Before(ex[j].Start) })
+		for j, b := range ex {
+			for _, id := range b.Concurrent {
+				a, ok := byID[id]
+				if !ok {
+					continue
+				}
+				if w.overlapExcused(a, b) {
+					excused.Counts[whyAccountEmpty]++
+					continue
+				}
+				vs = append(vs, violation{Check: checkAccount, Key: acct, Detail: fmt.Sprintf(
+					"%s of %s (node %d, %s..%s, fence %d) began while %s of %s (node %d, %s..%s, fence %d, %s) was in progress",
+					b.ID, b.Key, b.Node, at(b.Start), at(b.End), b.Fence, a.ID, a.Key, a.Node, at(a.Start), at(a.End), a.Fence, answered(a))})
+			}
+			if j == 0 {
+				continue
+			}
+			a := ex[j-1]
+			if b.Fence > 0 && a.Fence > 0 && b.Fence <= a.Fence && !b.Start.Before(a.End) {
+				vs = append(vs, violation{Check: checkFencing, Key: acct, Detail: fmt.Sprintf(
+					"%s of %s (node %d, %s) has fence %d, not above %d of the account's execution before it, %s of %s (node %d, %s..%s, %s)",
+					b.ID, b.Key, b.Node, at(b.Start), b.Fence, a.Fence, a.ID, a.Key, a.Node, at(a.Start), at(a.End), answered(a))})
+			}
+		}
+	}
+	return vs
 }
 
 // answered says what an execution answered, for the details.

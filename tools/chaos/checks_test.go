@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/reqlock/caddy-redis-lock/lock"
-	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // Each check on records made up to break exactly it: every check can fail,
@@ -27,6 +24,13 @@ func answer(client int, e execution, replayed bool, start, end int) attempt {
 		Status: e.Status, Body: e.Body, ExecID: e.ID, Replayed: replayed}
 }
 
+// acctAnswer is a client's attempt of e's key that got e's answer.
+func acctAnswer(client int, e execution, end int) attempt {
+	a := answer(client, e, false, 0, end)
+	a.Key = e.Key
+	return a
+}
+
 // clients are one attempt each, each client with a definite answer in the
 // end (its other attempts left out).
 func clients(as ...attempt) []clientResult {
@@ -40,9 +44,17 @@ func clients(as ...attempt) []clientResult {
 func stored(keys ...string) redisState {
 	st := redisState{Records: map[string]bool{}}
 	for _, k := range keys {
-		st.Records[record.Key(lock.Key(chaosPrefix, "", k))] = true
+		st.Records[recordKeyOf(k)] = true
 	}
 	return st
+}
+
+// acctEx is an execution of key within account: its key as the backend
+// records it, and the executions of the account in progress as it began.
+func acctEx(id, account, key string, fence int64, start, end int, concurrent ...string) execution {
+	e := ex(id, fence, start, end)
+	e.Account, e.Key, e.Concurrent = account, accountKey(account, key), concurrent
+	return e
 }
 
 func count(vs []violation) map[string]int {
@@ -63,7 +75,7 @@ func TestChecks(t *testing.T) {
 	bad := answer(1, e1, true, 200, 210)
 	bad.Body = []byte(`{"execution_id":"ex_1","x":1}`)
 	slow := answer(0, e1, false, 0, 100)
-	slow.End = ms(100).Add(attemptBound(time.Second))
+	slow.End = ms(100).Add(attemptBound(time.Second, 0))
 	cut := faultEvent{Kind: netRedisPartition, Nodes: []int{0, 2}, Start: ms(50), Back: ms(240), Return: ms(250)}
 	fromNode := func(a attempt, node int) attempt { a.Node = node; return a }
 	gaveUp := clientResult{Key: "k", Client: 2, Attempts: []attempt{{Key: "k", Client: 2, Status: 409, Start: ms(10), End: ms(20)}}}
@@ -167,6 +179,45 @@ func TestChecks(t *testing.T) {
 			rec:     runRecord{Execs: []execution{e1, e2}, Clients: clients(answer(0, e1, false, 0, 101)), Faults: []faultEvent{empty}, TTL: time.Second},
 			want:    map[string]int{},
 			excused: 1},
+		{name: "an account: two keys one after the other, the same key in another account at once",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k1", 10, 0, 100), acctEx("ex_2", "a", "k2", 20, 150, 250),
+				acctEx("ex_3", "b", "k1", 15, 50, 200)}},
+			want: map[string]int{}},
+		{name: "two requests of an account at once",
+			rec:  runRecord{Execs: []execution{acctEx("ex_1", "a", "k1", 10, 0, 100), acctEx("ex_2", "a", "k2", 20, 50, 150, "ex_1")}},
+			want: map[string]int{checkAccount: 1}},
+		{name: "two requests of an account at once across an empty restart",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k1", 10, 100, 300), acctEx("ex_2", "a", "k2", 20, 210, 320, "ex_1")},
+				Faults: []faultEvent{empty}},
+			want: map[string]int{}, excused: 1},
+		{name: "two requests of an account at once, the first begun after an empty restart",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k1", 10, 250, 400), acctEx("ex_2", "a", "k2", 20, 300, 450, "ex_1")},
+				Faults: []faultEvent{empty}},
+			want: map[string]int{checkAccount: 1}},
+		{name: "two requests of an account at once across a Redis outage: no window",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k1", 10, 0, 300), acctEx("ex_2", "a", "k2", 20, 260, 400, "ex_1")},
+				Faults: []faultEvent{outage}, Timeout: 100 * time.Millisecond},
+			want: map[string]int{checkAccount: 1}},
+		{name: "an account's fencing token not above its execution before's, another key",
+			rec:  runRecord{Execs: []execution{acctEx("ex_1", "a", "k1", 20, 0, 100), acctEx("ex_2", "a", "k2", 10, 150, 250)}},
+			want: map[string]int{checkFencing: 1}},
+		{name: "answers of the same key in two accounts, each with its record",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k", 10, 0, 100), acctEx("ex_2", "b", "k", 20, 0, 100)},
+				Clients: clients(acctAnswer(0, acctEx("ex_1", "a", "k", 10, 0, 100), 101), acctAnswer(1, acctEx("ex_2", "b", "k", 20, 0, 100), 101)),
+				End:     stored("a/k", "b/k"), Idempotency: true},
+			want: map[string]int{}},
+		{name: "an answer in an account, its record stored outside it",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k", 10, 0, 100)},
+				Clients: clients(acctAnswer(0, acctEx("ex_1", "a", "k", 10, 0, 100), 101)), End: stored("k"), Idempotency: true},
+			want: map[string]int{checkLeftovers: 1}},
+		{name: "an answer of another account's execution",
+			rec: runRecord{Execs: []execution{acctEx("ex_1", "a", "k", 10, 0, 100), acctEx("ex_2", "b", "k", 20, 0, 100)},
+				Clients: clients(acctAnswer(0, acctEx("ex_1", "a", "k", 10, 0, 100), 101), acctAnswer(1, acctEx("ex_1", "b", "k", 10, 0, 100), 150)),
+				End:     stored("a/k", "b/k")},
+			want: map[string]int{checkReplayBytes: 1}},
+		{name: "a 422 key-reused",
+			rec:  runRecord{Clients: clients(attempt{Key: "b/k", Status: 422, Problem: "key-reused", Start: ms(0), End: ms(10)})},
+			want: map[string]int{checkKeyReused: 1}},
 		{name: "a patient attempt past the bound, a client with no definite answer",
 			rec:  runRecord{Execs: []execution{e1}, Clients: append(clients(slow), gaveUp), TTL: time.Second},
 			want: map[string]int{checkBounded: 2}},

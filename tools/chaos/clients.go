@@ -21,7 +21,9 @@ import (
 // sends byte for byte, when it starts, and the SDK clients that send it
 // (a double click, a queue's redelivery, a late retry by a job).
 type keyPlan struct {
-	Key     string
+	Key     string // what the records and the checks know it by: accountKey(Account, IdemKey)
+	IdemKey string // the Idempotency-Key header
+	Account string // the X-Account header; "" without accounts
 	Path    string // /v1/charges, or with ?expand[]=receipt for a large answer
 	Body    []byte
 	At      time.Duration // after the traffic starts
@@ -63,6 +65,7 @@ func planKeys(rng *rand.Rand, count int, spread, ttl time.Duration, large func(a
 	plans := make([]keyPlan, count)
 	for i := range plans {
 		kp := keyPlan{Key: fmt.Sprintf("pay_%05d", i+1), Path: chargePath, At: time.Duration(rng.Int64N(int64(spread)))}
+		kp.IdemKey = kp.Key
 		body, _ := json.Marshal(chargeParams{Amount: 100 + rng.IntN(100000), Currency: "usd",
 			Source: "tok_visa", Description: "order " + kp.Key})
 		kp.Body = body
@@ -95,6 +98,46 @@ func planKeys(rng *rand.Rand, count int, spread, ttl time.Duration, large func(a
 		plans[i] = kp
 	}
 	return plans
+}
+
+// burstShare is the share of an account run's payments that start with the
+// one before of their account, in a burst (a batch of payouts, a wallet's
+// double spend): different keys of one account at once. burstGap bounds
+// how long after.
+const (
+	burstShare = 0.3
+	burstGap   = 300 * time.Millisecond
+)
+
+// onAccounts puts plans on accounts accounts (acct_1, ...), each keyed
+// within its account: acct_1's keys are pay_00001, pay_00002, ... as are
+// every other account's, so that the same idempotency key names a payment
+// of each account (two records that must never meet). A share of the
+// payments (burstShare) start with the payment before them, of the same
+// account, up to burstGap later; the others are on an account drawn at
+// random. The draws are from a source of their own, so that the seed's
+// faults and payments stay the same as without accounts.
+func onAccounts(seed uint64, plans []keyPlan, accounts int, spread time.Duration) {
+	rng := rand.New(rand.NewPCG(seed, 0x6163636f756e7473)) // "accounts"
+	perAccount := map[string]int{}
+	for i := range plans {
+		kp := &plans[i]
+		if i > 0 && rng.Float64() < burstShare {
+			prev := plans[i-1]
+			kp.Account = prev.Account
+			kp.At = min(prev.At+time.Duration(rng.Int64N(int64(burstGap))), spread)
+		} else {
+			kp.Account = fmt.Sprintf("acct_%d", 1+rng.IntN(accounts))
+		}
+		perAccount[kp.Account]++
+		kp.IdemKey = fmt.Sprintf("pay_%05d", perAccount[kp.Account])
+		kp.Key = accountKey(kp.Account, kp.IdemKey)
+		var params chargeParams
+		if json.Unmarshal(kp.Body, &params) == nil {
+			params.Description = "order " + kp.Key
+			kp.Body, _ = json.Marshal(params)
+		}
+	}
 }
 
 // attempt is one request a client sent, and what it got.
@@ -242,7 +285,10 @@ func (t *traffic) attempt(ctx context.Context, kp keyPlan, ci int, cp clientPlan
 		return a
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", kp.Key)
+	req.Header.Set(idempotencyHeader, kp.IdemKey)
+	if kp.Account != "" {
+		req.Header.Set(accountHeader, kp.Account)
+	}
 	req.Header.Set("User-Agent", "chaos-sdk/1.0")
 	resp, err := t.http.Do(req)
 	if err != nil {

@@ -10,7 +10,9 @@
 // increase; every client gets a definite answer in bounded time; nothing in
 // progress is left in Redis. It prints a summary and exits 1 on any
 // violation. SEED=n changes the schedule; LOCK_ONLY=1 drops the idempotency
-// block, which must make it fail. Its phases: the full scenario, the
+// block, which must make it fail; ACCOUNTS=n puts the payments on n
+// accounts, the route in per-account serialisation (`idempotency { key }`),
+// and checks that no two requests of an account ever ran at once. Its phases: the full scenario, the
 // failover phase on a Sentinel pair, and the network phase, with toxiproxy
 // (installed with go install, see toxiproxy.go) between each node and Redis
 // and the backend (network.go).
@@ -38,6 +40,7 @@ type scenario struct {
 	Name        string
 	Seed        uint64
 	LockOnly    bool
+	Accounts    int         // the payments on this many accounts, one request of an account at a time (idempotency { key }); 0: none
 	Failover    bool        // Redis is a Sentinel-managed pair with replicas 1; the faults are failoverKinds
 	Network     bool        // toxiproxy between the nodes and Redis and the backend; the faults are networkKinds
 	Large       float64     // the share of payments whose answer is large (largeAnswer bytes)
@@ -114,10 +117,24 @@ func main() {
 	short := flag.Bool("short", false, "the short scenario of `make test` instead of the full one")
 	phase := flag.String("phase", "all", "all: the full scenario, the failover phase, then the network phase; full; failover; network")
 	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
+	accounts := 0
+	if s := os.Getenv("ACCOUNTS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			fmt.Fprintln(os.Stderr, "chaos: ACCOUNTS must be a non-negative integer:", s)
+			os.Exit(2)
+		}
+		accounts = n
+	}
+	flag.IntVar(&accounts, "accounts", accounts, "put the payments on this many accounts (ACCOUNTS; 8 is the documented run): the route keyed by X-Account with idempotency { key {http.request.header.Idempotency-Key} } and a wait; 0: none")
 	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data, records.json)")
 	scrapeTo := flag.String("scrape", "", "write node 0's /metrics, scraped twice a second, and the faults to this file (a phase's name is added before the extension); go run ./metricsplot (in tools/) draws them")
 	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
 	flag.Parse()
+	if accounts < 0 {
+		fmt.Fprintln(os.Stderr, "chaos: -accounts must not be negative")
+		os.Exit(2)
+	}
 	var scs []scenario
 	switch {
 	case *short:
@@ -139,7 +156,7 @@ func main() {
 	defer stop()
 	failed := false
 	for _, sc := range scs {
-		sc.LockOnly, sc.Keep = *lockOnly, *keep
+		sc.LockOnly, sc.Keep, sc.Accounts = *lockOnly, *keep, accounts
 		if *scrapeTo != "" {
 			ext := filepath.Ext(*scrapeTo)
 			sc.Scrape = strings.TrimSuffix(*scrapeTo, ext) + "-" + sc.Name + ext
@@ -181,6 +198,11 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	var rds *chaosRedis
 	var sen *chaosSentinel
 	cfg := nodeConfig{TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly}
+	if sc.Accounts > 0 {
+		// An account's requests wait for each other (a lease's half, about
+		// the longest execution), so that most get through.
+		cfg.Accounts, cfg.Wait = true, accountWait(sc.TTL)
+	}
 	redisDesc := ""
 	if sc.Failover {
 		if sen, err = startSentinel(); err != nil {
@@ -242,6 +264,14 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	if sc.LockOnly {
 		mode = "lock only (no idempotency block)"
 	}
+	if sc.Accounts > 0 {
+		onAccounts(sc.Seed, plans, sc.Accounts, sc.Spread)
+		mode += fmt.Sprintf(", %d accounts (the lock keyed by %s, idempotency { key } by %s, wait %v)",
+			sc.Accounts, accountHeader, idempotencyHeader, cfg.Wait)
+		if sc.LockOnly {
+			mode = fmt.Sprintf("lock only (no idempotency block), keyed by %s on %d accounts, wait %v", accountHeader, sc.Accounts, cfg.Wait)
+		}
+	}
 	fmt.Fprintf(progress, "chaos: %s scenario, seed %d, %s: %d Caddy nodes, %s, ttl %v, %d payments over %v, %d faults; work dir %s\n",
 		sc.Name, sc.Seed, mode, sc.Nodes, redisDesc, sc.TTL, sc.Keys, sc.Spread, len(schedule), dir)
 
@@ -285,6 +315,22 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(max(time.Until(lastKill.Add(sc.TTL+500*time.Millisecond)), time.Until(lastReturn.Add(time.Second)), 0))
+	if cfg.Accounts || sc.LockOnly {
+		// A lock (the account's) whose request's outcome is unknown is left
+		// to its lease (reference.md): the last request sent upstream, at
+		// the latest a wait after its attempt began (the client may have
+		// left), may be given up response_header_timeout later.
+		var lastSent time.Time
+		for _, e := range be.executions() {
+			lastSent = maxTime(lastSent, e.Start)
+		}
+		for _, c := range results {
+			for _, a := range c.Attempts {
+				lastSent = maxTime(lastSent, a.Start.Add(cfg.Wait))
+			}
+		}
+		time.Sleep(max(time.Until(lastSent.Add(cfg.responseHeaderTimeout()+sc.TTL+500*time.Millisecond)), 0))
+	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	addr := ""
 	if sen != nil {
@@ -299,7 +345,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	cancel()
 
 	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
-		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, End: end}
+		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, Wait: cfg.Wait, End: end}
 	o.Violations, o.Excused = check(o.Record)
 	if !sc.Discard && (sc.Keep || len(o.Violations) > 0) {
 		if err := writeRecords(filepath.Join(dir, "records.json"), o.Record); err != nil {
@@ -309,6 +355,17 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	o.Took = time.Since(began)
 	return o, nil
 }
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// accountWait is the route's wait in an accounts run: half a lease, about
+// the longest execution (maxBackendDelay).
+func accountWait(ttl time.Duration) time.Duration { return ttl / 2 }
 
 // writeSummary prints the run: requests, executions, replays, faults,
 // violations (each, up to a limit).
@@ -338,8 +395,12 @@ func writeSummary(w io.Writer, o *outcome) {
 	}
 	dropped, notProc, large := 0, 0, 0
 	keys := map[string]int{}
+	charges := map[string]int{} // executions that did not answer 503 (not processed), per key
 	for _, e := range rec.Execs {
 		keys[e.Key]++
+		if e.Body == nil || !notProcessed(e.Status) {
+			charges[e.Key]++
+		}
 		if e.Large {
 			large++
 		}
@@ -349,9 +410,15 @@ func writeSummary(w io.Writer, o *outcome) {
 			notProc++
 		}
 	}
-	again := 0
+	again, charged, twice := 0, 0, 0
 	for _, n := range keys {
 		again += n - 1
+	}
+	for _, n := range charges {
+		charged += n
+		if n > 1 {
+			twice++
+		}
 	}
 	codes := make([]int, 0, len(statuses))
 	for c := range statuses {
@@ -380,6 +447,9 @@ func writeSummary(w io.Writer, o *outcome) {
 	if o.Scenario.LockOnly {
 		mode = "lock-only"
 	}
+	if o.Scenario.Accounts > 0 {
+		mode += fmt.Sprintf(", %d accounts", o.Scenario.Accounts)
+	}
 	fmt.Fprintf(w, "summary (seed %d, %s, %s scenario, %v):\n", o.Scenario.Seed, mode, o.Scenario.Name, o.Took.Round(time.Second))
 	fmt.Fprintf(w, "  requests:   %d attempts by %d clients for %d payments (%s; %d timeouts, %d connection errors)\n",
 		attempts, len(rec.Clients), o.Scenario.Keys, strings.Join(st, ", "), timeouts, errs)
@@ -389,6 +459,10 @@ func writeSummary(w io.Writer, o *outcome) {
 	}
 	fmt.Fprintf(w, "  executions: %d for %d keys (%d keys ran more than once, %d answers dropped by the backend, %d answered 503%s)\n",
 		len(rec.Execs), len(keys), again, dropped, notProc, largeText)
+	fmt.Fprintf(w, "  charges:    %d (executions not answered 503), %d keys charged more than once\n", charged, twice)
+	if o.Scenario.Accounts > 0 {
+		writeAccounts(w, rec, o.Excused.Counts[whyAccountEmpty])
+	}
 	fmt.Fprintf(w, "  replays:    %d\n", replays)
 	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
 	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters, %d give-back marks\n",
@@ -410,7 +484,7 @@ func writeSummary(w io.Writer, o *outcome) {
 		byCheck[v.Check]++
 	}
 	var vc []string
-	for _, c := range []string{checkReplayBytes, checkReplayLast, checkOverlap, checkFencing, checkRerun, checkBounded, checkLeftovers} {
+	for _, c := range []string{checkReplayBytes, checkReplayLast, checkOverlap, checkAccount, checkFencing, checkKeyReused, checkRerun, checkBounded, checkLeftovers} {
 		vc = append(vc, fmt.Sprintf("%s %d", c, byCheck[c]))
 	}
 	fmt.Fprintf(w, "  violations: %d (%s)\n", len(o.Violations), strings.Join(vc, ", "))
@@ -425,4 +499,72 @@ func writeSummary(w io.Writer, o *outcome) {
 	if sc := o.Scenario; sc.Keep || (len(o.Violations) > 0 && !sc.Discard) {
 		fmt.Fprintf(w, "  node logs, Redis data and the records (records.json) kept in %s\n", o.Dir)
 	}
+}
+
+// writeAccounts prints an accounts run's line: its accounts and keys, the
+// executions of an account at once (overlaps, and those a window excused),
+// how often clients sent different keys of one account at once, and the
+// 409s of a busy account and of a duplicate in progress.
+func writeAccounts(w io.Writer, rec runRecord, excused int) {
+	keys := map[string]map[string]bool{}
+	execs := map[string]int{}
+	overlaps, maxAtOnce := 0, 0
+	for _, e := range rec.Execs {
+		execs[e.Account]++
+		overlaps += len(e.Concurrent)
+		maxAtOnce = max(maxAtOnce, len(e.Concurrent)+1)
+	}
+	byAccount := map[string][]attempt{}
+	conflicts, inProgress := 0, 0
+	for _, c := range rec.Clients {
+		acct := accountOf(c.Key)
+		if keys[acct] == nil {
+			keys[acct] = map[string]bool{}
+		}
+		keys[acct][c.Key] = true
+		byAccount[acct] = append(byAccount[acct], c.Attempts...)
+		for _, a := range c.Attempts {
+			switch {
+			case a.Status == 409 && a.Problem == "conflict":
+				conflicts++
+			case a.Status == 409 && a.Problem == "in-progress":
+				inProgress++
+			}
+		}
+	}
+	// Attempts that began while an attempt of another key of their
+	// account was in progress: what the account's lock had to serialise.
+	together := 0
+	for _, as := range byAccount {
+		sort.Slice(as, func(i, j int) bool { return as[i].Start.Before(as[j].Start) })
+		for j, b := range as {
+			for i := j - 1; i >= 0; i-- {
+				if a := as[i]; a.Key != b.Key && b.Start.Before(a.End) {
+					together++
+					break
+				}
+			}
+		}
+	}
+	nKeys, least, most := 0, -1, 0
+	for _, ks := range keys {
+		nKeys += len(ks)
+		if least < 0 || len(ks) < least {
+			least = len(ks)
+		}
+		most = max(most, len(ks))
+	}
+	fmt.Fprintf(w, "  accounts:   %d accounts, %d keys (%d to %d an account), %d executions; at most %d of an account at once, %d overlaps (%d excused)\n",
+		len(keys), nKeys, least, most, len(rec.Execs), maxAtOnce, overlaps, excused)
+	fmt.Fprintf(w, "              %d attempts sent while another key of their account was in flight; 409 conflict (account busy) %d, 409 in-progress %d\n",
+		together, conflicts, inProgress)
+}
+
+// accountOf is the account of key (accountKey's form); "" without one.
+func accountOf(key string) string {
+	account, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return ""
+	}
+	return account
 }

@@ -105,18 +105,40 @@ type nodeConfig struct {
 	TTL        time.Duration
 	Timeout    time.Duration // Redis command timeout
 	LockOnly   bool          // no idempotency block
+	Accounts   bool          // per-account serialisation: the lock keyed by X-Account, the record by Idempotency-Key
+	Wait       time.Duration // redis_lock's wait; 0: none
 	StorageDir string
 }
 
+// The headers a client sends its keys in; with Accounts, the account's is
+// the directive's key (its lock) and the idempotency key the record's.
+const (
+	idempotencyHeader = "Idempotency-Key"
+	accountHeader     = "X-Account"
+)
+
 // caddyfile is the node's configuration: one site, redis_lock keyed by
-// Idempotency-Key in front of reverse_proxy to the backend.
+// Idempotency-Key in front of reverse_proxy to the backend; with Accounts,
+// keyed by the account (X-Account), with `idempotency { key
+// {http.request.header.Idempotency-Key} }`: one request of an account at a
+// time, deduplicated by its idempotency key within the account.
 func (c nodeConfig) caddyfile() string {
+	key := "{http.request.header." + idempotencyHeader + "}"
+	recordKey := ""
+	if c.Accounts {
+		key = "{http.request.header." + accountHeader + "}"
+		recordKey = "\n\t\t\tkey {http.request.header." + idempotencyHeader + "}"
+	}
 	idem := `
-		idempotency {
+		idempotency {` + recordKey + `
 			retention 10m
 		}`
 	if c.LockOnly {
 		idem = ""
+	}
+	wait := ""
+	if c.Wait > 0 {
+		wait = "\n\t\twait " + c.Wait.String()
 	}
 	more := ""
 	for _, l := range c.RedisLines {
@@ -136,8 +158,8 @@ func (c nodeConfig) caddyfile() string {
 }
 
 http://%[3]s {
-	redis_lock /v1/charges* {http.request.header.Idempotency-Key} {
-		ttl %[4]s
+	redis_lock /v1/charges* %[13]s {
+		ttl %[4]s%[14]s
 		prefix %[5]s
 		redis %[6]s {
 			timeout %[7]s
@@ -152,8 +174,12 @@ http://%[3]s {
 	}
 }
 `, c.Admin, c.StorageDir, c.Addr, c.TTL, chaosPrefix, c.Redis, c.Timeout, idem,
-		c.Backend, c.Index, c.TTL+time.Second, more)
+		c.Backend, c.Index, c.responseHeaderTimeout(), more, key, wait)
 }
+
+// responseHeaderTimeout is reverse_proxy's: the longest a node waits for
+// the backend's answer before the outcome is unknown.
+func (c nodeConfig) responseHeaderTimeout() time.Duration { return c.TTL + time.Second }
 
 // node is one Caddy process.
 type node struct {

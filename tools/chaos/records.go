@@ -27,6 +27,8 @@ func writeRecords(path string, rec runRecord) error {
 	}
 	type execOut struct {
 		ID, Key        string
+		Account        string   `json:",omitempty"`
+		Concurrent     []string `json:",omitempty"` // the account's executions in progress when it began
 		Node           int
 		Fence          int64
 		Start, End     float64
@@ -59,7 +61,7 @@ func writeRecords(path string, rec runRecord) error {
 		End        redisState
 	}{End: rec.End}
 	for _, e := range rec.Execs {
-		out.Executions = append(out.Executions, execOut{ID: e.ID, Key: e.Key, Node: e.Node, Fence: e.Fence,
+		out.Executions = append(out.Executions, execOut{ID: e.ID, Key: e.Key, Account: e.Account, Concurrent: e.Concurrent, Node: e.Node, Fence: e.Fence,
 			Start: at(e.Start), End: at(e.End), Status: e.Status, Large: e.Large, Dropped: e.Body == nil,
 			Bytes: len(e.Body), WriteErr: e.WriteErr})
 	}
