@@ -59,6 +59,7 @@ type scenario struct {
 	Keep        bool   // keep the work directory (logs, Redis data)
 	Scrape      string // write node 0's /metrics, scraped twice a second, and the faults, to this file
 	Discard     bool   // remove it even after a violation (kept by default then)
+	Monitor     bool   // write Redis's MONITOR to the work directory (kept then)
 }
 
 // fullScenario is `make chaos`: about two minutes, twelve faults.
@@ -99,7 +100,8 @@ type outcome struct {
 	Scenario   scenario
 	Record     runRecord
 	Violations []violation
-	Excused    excusals // what the documented windows excused
+	Excused    excusals  // what the documented windows excused
+	Phantoms   *phantoms // with -monitor and no accounts
 	Dir        string
 	Took       time.Duration
 }
@@ -130,6 +132,9 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the work directory (node logs, Redis data, records.json)")
 	scrapeTo := flag.String("scrape", "", "write node 0's /metrics, scraped twice a second, and the faults to this file (a phase's name is added before the extension); go run ./metricsplot (in tools/) draws them")
 	flag.Uint64Var(&seed, "seed", seed, "the schedule's seed (SEED)")
+	only := flag.String("faults", "", "only these faults of the phase, comma-separated (say redis-latency-lease), to reproduce one")
+	rounds := flag.Int("rounds", 0, "each fault this many times (0: the phase's own count)")
+	monitor := flag.Bool("monitor", false, "write every command Redis runs (MONITOR) to redis-monitor.log in the work directory, and keep it")
 	flag.Parse()
 	if accounts < 0 {
 		fmt.Fprintln(os.Stderr, "chaos: -accounts must not be negative")
@@ -155,8 +160,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	failed := false
+	for i := range scs {
+		if err := scs[i].only(*only, *rounds); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+			os.Exit(2)
+		}
+	}
 	for _, sc := range scs {
-		sc.LockOnly, sc.Keep, sc.Accounts = *lockOnly, *keep, accounts
+		sc.LockOnly, sc.Keep, sc.Accounts, sc.Monitor = *lockOnly, *keep || *monitor, accounts, *monitor
 		if *scrapeTo != "" {
 			ext := filepath.Ext(*scrapeTo)
 			sc.Scrape = strings.TrimSuffix(*scrapeTo, ext) + "-" + sc.Name + ext
@@ -197,6 +208,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 	var rds *chaosRedis
 	var sen *chaosSentinel
+	stopMonitor := func() {}
 	cfg := nodeConfig{TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly}
 	if sc.Accounts > 0 {
 		// An account's requests wait for each other (a lease's half, about
@@ -218,6 +230,12 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		defer rds.Close()
 		cfg.Redis = rds.Addr
 		redisDesc = "Redis " + rds.Addr + " with AOF (appendfsync always)"
+		if sc.Monitor {
+			if stopMonitor, err = monitorRedis(ctx, dir, rds.Addr); err != nil {
+				return nil, err
+			}
+			defer stopMonitor()
+		}
 	}
 	be, err := startBackend(sc.Seed, sc.TTL)
 	if err != nil {
@@ -347,6 +365,14 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
 		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, Wait: cfg.Wait, End: end}
 	o.Violations, o.Excused = check(o.Record)
+	if sc.Monitor && sc.Accounts == 0 {
+		stopMonitor()
+		p, err := findPhantoms(dir, o.Record.Execs, sc.TTL)
+		if err != nil {
+			return o, err
+		}
+		o.Phantoms = &p
+	}
 	if !sc.Discard && (sc.Keep || len(o.Violations) > 0) {
 		if err := writeRecords(filepath.Join(dir, "records.json"), o.Record); err != nil {
 			return o, err
@@ -467,6 +493,11 @@ func writeSummary(w io.Writer, o *outcome) {
 	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
 	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters, %d give-back marks\n",
 		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters, rec.End.GoneMarks)
+	if o.Phantoms != nil {
+		p := o.Phantoms
+		fmt.Fprintf(w, "  phantoms:   %d locks taken, %d by begins whose request never ran; %d of those held over half a lease, %d never given back (Redis's MONITOR)\n",
+			p.Taken, p.NeverRan, p.Long, p.NotGivenBack)
+	}
 	var ex []string
 	for why, n := range o.Excused.Counts {
 		ex = append(ex, fmt.Sprintf("%d %s", n, why))
@@ -567,4 +598,32 @@ func accountOf(key string) string {
 		return ""
 	}
 	return account
+}
+
+// only narrows sc to the faults in list (comma-separated; "" keeps them
+// all), each rounds times (0 keeps sc's count). A kind that is not one of
+// sc's is an error.
+func (sc *scenario) only(list string, rounds int) error {
+	if list != "" {
+		var kinds []faultKind
+		for _, k := range strings.Split(list, ",") {
+			if !slices.Contains(sc.Kinds, faultKind(k)) {
+				return fmt.Errorf("-faults: %q is not a fault of the %s phase (%v)", k, sc.Name, sc.Kinds)
+			}
+			kinds = append(kinds, faultKind(k))
+		}
+		sc.Kinds = kinds
+	}
+	if rounds < 0 {
+		return fmt.Errorf("-rounds must not be negative")
+	}
+	if rounds > 0 {
+		if sc.Network {
+			// The network phase runs its list once: repeat it.
+			sc.Kinds = slices.Repeat(sc.Kinds, rounds)
+		} else {
+			sc.FaultRounds = rounds
+		}
+	}
+	return nil
 }

@@ -563,3 +563,22 @@ func TestLargeShare(t *testing.T) {
 		t.Errorf("%d of 200 payments large at a share of 0.5", large)
 	}
 }
+
+// -faults and -rounds narrow a phase to the faults named, each that many
+// times, and refuse a fault that is not the phase's.
+func TestScenarioOnly(t *testing.T) {
+	sc := networkScenario(1)
+	if err := sc.only("redis-latency-lease,redis-hold", 3); err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Kinds) != 6 || sc.Kinds[0] != netRedisLatencyLease || sc.Kinds[1] != netRedisHold {
+		t.Fatalf("network phase narrowed to %v, want redis-latency-lease and redis-hold three times", sc.Kinds)
+	}
+	full := fullScenario(1)
+	if err := full.only("redis-pause", 4); err != nil || len(full.Kinds) != 1 || full.FaultRounds != 4 {
+		t.Fatalf("full phase narrowed: %v %v rounds %d, want redis-pause 4 times", err, full.Kinds, full.FaultRounds)
+	}
+	if err := full.only("redis-latency-lease", 0); err == nil {
+		t.Fatal("a network fault accepted in the full phase")
+	}
+}
