@@ -18,7 +18,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -494,7 +493,7 @@ func checkBaseline(t *testing.T, s *caddySite, base int) {
 	// once that work has ended.
 	redistest.Eventually(t, 2*engine.GiveBackFor+5*time.Second, "the handlers' background calls to end", func() bool {
 		for _, h := range activeHandlers() {
-			if backgroundCalls(h.locker) > 0 {
+			if h.locker.InBackground() > 0 {
 				return false
 			}
 		}
@@ -513,15 +512,6 @@ func checkBaseline(t *testing.T, s *caddySite, base int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// backgroundCalls is the number of c's background calls running now
-// (Background's and the give-backs), as the engine's own tests count them
-// (Running, in its export_test.go, out of this package's reach): the
-// lengths of its two bounds. It panics if the fields are renamed.
-func backgroundCalls(c *engine.Client) int {
-	v := reflect.ValueOf(c).Elem()
-	return v.FieldByName("bg").Len() + v.FieldByName("gb").Len()
 }
 
 // unitHandler provisions a handler against the redis-server at addr.

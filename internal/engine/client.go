@@ -66,7 +66,7 @@ type Client struct {
 	b   Backend
 	cfg Config
 	bg  chan struct{} // background work running
-	gb  chan struct{} // give-backs running
+	gb  giveBacks     // tokens whose acquire did not answer, until given back
 }
 
 // New returns a Client on one Redis deployment (NewRedis). go-redis may
@@ -89,7 +89,7 @@ func NewWithBackend(b Backend, cfg *Config) *Client {
 		c.cfg.MaxBackground = defaultMaxBackground
 	}
 	c.bg = make(chan struct{}, c.cfg.MaxBackground)
-	c.gb = make(chan struct{}, c.cfg.MaxBackground)
+	c.gb.c = c
 	return c
 }
 
@@ -246,59 +246,6 @@ func (c *Client) releaseCall(ctx context.Context, call func(context.Context) err
 	rctx, cancel := c.releaseContext(ctx)
 	defer cancel()
 	return c.reclassify(context.WithoutCancel(ctx), call(rctx))
-}
-
-// givingBack is a Backend that can give back a token whose acquire did not
-// answer in time, so that the acquire, should it run later, takes nothing
-// (Redis's GiveBack).
-type givingBack interface {
-	GiveBack(ctx context.Context, key, token string, ttl time.Duration) error
-}
-
-// giveBack is release for a token whose acquire may still run.
-func (c *Client) giveBack(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
-	return c.releaseCall(ctx, func(rctx context.Context) error { return giveBackOn(rctx, b, key, token, ttl) })
-}
-
-// giveBackUntilAnswered gives token back in the background, and again
-// while Redis does not answer: a paused Redis accepts a new connection but
-// answers no handshake, so a give-back sent during the pause is never
-// written, while the acquire that waited in the old connection's socket
-// buffer runs when Redis resumes. Tried again until the first answer, for
-// at least a lease (GiveBackFor when the lease is shorter), it reaches
-// Redis soon after that acquire; the mark makes a give-back repeated in
-// any order safe. It stops when the Redis client is closed.
-func (c *Client) giveBackUntilAnswered(ctx context.Context, b Backend, key, token string, ttl time.Duration) {
-	c.inBackground(ctx, c.gb, func(ctx context.Context) {
-		deadline := time.Now().Add(max(ttl, GiveBackFor))
-		pause := minGiveBackPause
-		for {
-			err := c.giveBack(ctx, b, key, token, ttl)
-			if !errors.Is(err, ErrUnavailable) || errors.Is(err, redis.ErrClosed) || time.Now().Add(pause).After(deadline) {
-				return
-			}
-			time.Sleep(pause)
-			pause = min(2*pause, maxGiveBackPause)
-		}
-	})
-}
-
-// GiveBackFor is the shortest time a give-back that Redis did not answer
-// is tried again for (a lease, when that is longer).
-const GiveBackFor = 10 * time.Second
-
-const (
-	minGiveBackPause = 25 * time.Millisecond
-	maxGiveBackPause = 100 * time.Millisecond
-)
-
-// giveBackOn gives token back on b: through its GiveBack when it has one,
-// else its Release.
-func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
-	if g, ok := b.(givingBack); ok {
-		return g.GiveBack(ctx, key, token, ttl)
-	}
-	return b.Release(ctx, key, token)
 }
 
 // releaseContext is the context a release runs on: detached from ctx's

@@ -106,10 +106,13 @@ func testCallTimeoutBoundsQueuedCalls(t *testing.T, backend func(t *testing.T, a
 }
 
 // Acquires that fail leave a give-back behind each (the script may have
-// run), but never more than MaxBackground at once, and they leave the
-// other background work its own room.
+// run), never more than MaxBackground tried at once, and they leave the
+// other background work its own room. Those beyond MaxBackground wait their
+// turn rather than being dropped: the acquires that waited in the paused
+// Redis's socket buffer run when it resumes, and every one is given back,
+// none left holding its key for the lease.
 func TestBackgroundReleasesAreBounded(t *testing.T) {
-	srv, _ := startRedis(t)
+	srv, rdb := startRedis(t)
 	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: 200 * time.Millisecond, MaxBackground: 4})
 	mustAcquire(t, c, testKey(t)+"-warm", Options{TTL: time.Minute, Renew: NoRenew})
 	if err := srv.Pause(); err != nil {
@@ -125,14 +128,15 @@ func TestBackgroundReleasesAreBounded(t *testing.T) {
 				return
 			default:
 			}
-			if n := int64(len(c.gb)); n > peak.Load() {
+			if n := int64(c.givingBackNow()); n > peak.Load() {
 				peak.Store(n)
 			}
 			time.Sleep(time.Millisecond)
 		}
 	}()
 	var wg sync.WaitGroup
-	for i := range 40 {
+	const acquires = 40
+	for i := range acquires {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -151,6 +155,19 @@ func TestBackgroundReleasesAreBounded(t *testing.T) {
 	close(stop)
 	if p := peak.Load(); p != 4 {
 		t.Fatalf("background releases at once: peak %d, want MaxBackground (4)", p)
+	}
+	ctx := ctxT(t)
+	if marks := rdb.Keys(ctx, testKey(t)+"-*:gone:*").Val(); len(marks) != acquires {
+		t.Errorf("%d tokens marked given back, want all %d", len(marks), acquires)
+	}
+	var held []string
+	for i := range acquires {
+		if k := fmt.Sprintf("%s-%d", testKey(t), i); rdb.Exists(ctx, k).Val() != 0 {
+			held = append(held, k)
+		}
+	}
+	if len(held) > 0 {
+		t.Errorf("%d of %d keys still held after Redis resumed, by acquires nobody runs, not given back", len(held), acquires)
 	}
 }
 

@@ -1,0 +1,165 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// giveBacks are the tokens whose acquire did not answer in time, each
+// waiting until a give-back of it is answered. An outage fails every
+// acquire it meets, and each may still run when Redis answers again (a
+// script that waited in a socket buffer or in the client's queue): a
+// give-back dropped then leaves its key held for a lease by a request that
+// never runs, 409 to every retry, and an earlier holder's answer refused
+// until that lease ends, when a retry may run the request again. So none is
+// dropped while there is room (maxQueuedGiveBacks); at most MaxBackground
+// are tried at once, and the rest wait their turn, each tried again (at
+// the back of the queue) while Redis does not answer.
+type giveBacks struct {
+	c       *Client
+	mu      sync.Mutex
+	queue   []giveBackItem
+	running int // workers
+	trying  int // items a worker holds
+}
+
+// giveBackItem is one token to give back, until its time is up.
+type giveBackItem struct {
+	ctx        context.Context
+	b          Backend
+	key, token string
+	ttl        time.Duration
+	until      time.Time
+}
+
+// maxQueuedGiveBacks bounds the tokens waiting per Client (a few hundred
+// bytes each): past it the oldest is dropped, and the lease ends its lock.
+const maxQueuedGiveBacks = 10000
+
+// GiveBackFor is the shortest time a give-back that Redis did not answer
+// is tried again for (a lease, when that is longer).
+const GiveBackFor = 10 * time.Second
+
+// The pause of a worker after a try that Redis did not answer: a paused
+// Redis accepts a new connection but answers no handshake, so a give-back
+// may never be written until it resumes.
+const (
+	minGiveBackPause = 25 * time.Millisecond
+	maxGiveBackPause = 100 * time.Millisecond
+)
+
+// giveBackUntilAnswered gives token back in the background, and again
+// while Redis does not answer, for at least a lease (GiveBackFor when the
+// lease is shorter): it reaches Redis soon after a late acquire, and the
+// mark makes a give-back repeated in any order safe. It stops when the
+// Redis client is closed.
+func (c *Client) giveBackUntilAnswered(ctx context.Context, b Backend, key, token string, ttl time.Duration) {
+	c.gb.add(giveBackItem{ctx: context.WithoutCancel(ctx), b: b, key: key, token: token, ttl: ttl,
+		until: time.Now().Add(max(ttl, GiveBackFor))})
+}
+
+// add queues it, and starts a worker while fewer than MaxBackground run.
+func (q *giveBacks) add(it giveBackItem) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.queue) >= maxQueuedGiveBacks {
+		q.queue[0] = giveBackItem{}
+		q.queue = q.queue[1:]
+	}
+	q.queue = append(q.queue, it)
+	if q.running < q.c.cfg.MaxBackground {
+		q.running++
+		go q.work()
+	}
+}
+
+// work tries the queue's tokens in turn until it is empty. After a try
+// that Redis did not answer, the token goes to the back and the worker
+// pauses; an answer ends the pause.
+func (q *giveBacks) work() {
+	var pause time.Duration
+	for {
+		it, ok := q.next()
+		if !ok {
+			return
+		}
+		err := q.c.giveBack(it.ctx, it.b, it.key, it.token, it.ttl)
+		again := errors.Is(err, ErrUnavailable) && !errors.Is(err, redis.ErrClosed) && time.Now().Before(it.until)
+		q.done(it, again)
+		if !again {
+			pause = 0
+			continue
+		}
+		pause = min(max(2*pause, minGiveBackPause), maxGiveBackPause)
+		time.Sleep(pause)
+	}
+}
+
+// next takes the first token whose time is not up, or ends the worker
+// when none is left.
+func (q *giveBacks) next() (giveBackItem, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	for len(q.queue) > 0 {
+		it := q.queue[0]
+		q.queue[0] = giveBackItem{}
+		q.queue = q.queue[1:]
+		if now.Before(it.until) {
+			q.trying++
+			return it, true
+		}
+	}
+	q.queue = nil
+	q.running--
+	return giveBackItem{}, false
+}
+
+// done returns it to the back of the queue when it is to be tried again.
+func (q *giveBacks) done(it giveBackItem, again bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.trying--
+	if again && len(q.queue) < maxQueuedGiveBacks {
+		q.queue = append(q.queue, it)
+	}
+}
+
+// InBackground is the number of calls the Client runs in the background
+// now (Background's and ReleaseAsync's) and of the tokens not yet given
+// back: for a caller that must know when that work has ended (a test
+// counting goroutines, say).
+func (c *Client) InBackground() int { return len(c.bg) + c.gb.pending() }
+
+// pending is the number of tokens not yet given back: waiting or being
+// tried.
+func (q *giveBacks) pending() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue) + q.trying
+}
+
+// givingBack is a Backend that can give back a token whose acquire did not
+// answer in time, so that the acquire, should it run later, takes nothing
+// (Redis's GiveBack).
+type givingBack interface {
+	GiveBack(ctx context.Context, key, token string, ttl time.Duration) error
+}
+
+// giveBack is release for a token whose acquire may still run.
+func (c *Client) giveBack(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
+	return c.releaseCall(ctx, func(rctx context.Context) error { return giveBackOn(rctx, b, key, token, ttl) })
+}
+
+// giveBackOn gives token back on b: through its GiveBack when it has one,
+// else its Release.
+func giveBackOn(ctx context.Context, b Backend, key, token string, ttl time.Duration) error {
+	if g, ok := b.(givingBack); ok {
+		return g.GiveBack(ctx, key, token, ttl)
+	}
+	return b.Release(ctx, key, token)
+}
