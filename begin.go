@@ -74,13 +74,7 @@ func (h *Handler) giveRecordBack(ctx context.Context, p *record.Pending) error {
 		return err
 	}
 	h.locker.Background(ctx, func(ctx context.Context) {
-		recovered := h.conn.Recovery().Watch()
-		for time.Now().Before(deadline) {
-			recovered.Wait(completeRetryPause)
-			if err := p.Release(ctx); !errors.Is(err, engine.ErrUnavailable) {
-				return
-			}
-		}
+		h.retry(deadline, completeRetryPause, func() bool { return errors.Is(p.Release(ctx), engine.ErrUnavailable) })
 	})
 	return err
 }

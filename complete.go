@@ -124,19 +124,33 @@ func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *re
 	if h.Redis != nil && h.Redis.Replicas > 0 {
 		retryFor = max(retryFor, unackedRetryFor)
 	}
-	deadline := since.Add(retryFor)
-	recovered := h.conn.Recovery().Watch()
 	bulk := record.Bulk(resp)
-	for pause := time.Duration(0); time.Now().Before(deadline) && retried(err); pause = completeRetryPause {
-		if bulk && timedOut(err) && p.Context().Err() == nil {
-			break
-		}
-		// The first try at once (a lost lock's answer has had none);
-		// then at once when Redis recovers.
-		recovered.Wait(pause)
-		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
+	tryAgain := func(err error) bool {
+		return retried(err) && !(bulk && timedOut(err) && p.Context().Err() == nil)
 	}
+	if !tryAgain(err) {
+		return err
+	}
+	// The first try at once (a lost lock's answer has had none).
+	h.retry(since.Add(retryFor), 0, func() bool {
+		err = p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
+		return tryAgain(err)
+	})
 	return err
+}
+
+// retry calls try after pause, then again at once when Redis recovers or
+// completeRetryPause has passed, while try reports that it must be tried
+// again and deadline has not passed.
+func (h *Handler) retry(deadline time.Time, pause time.Duration, try func() (again bool)) {
+	recovered := h.conn.Recovery().Watch()
+	for time.Now().Before(deadline) {
+		recovered.Wait(pause)
+		if !try() {
+			return
+		}
+		pause = completeRetryPause
+	}
 }
 
 // timedOut reports whether a try ended at its own bound.

@@ -36,21 +36,22 @@ type lockGiveBack struct {
 func (g *lockGiveBack) writer(hw *holdWriter) http.ResponseWriter { return hw }
 
 // give releases the lock before the response completes, waiting on Redis
-// for at most the client's timeout. A lost lock is released in the
-// background: its answer is due now, at the local deadline. An unanswered
-// request's lock is left to its lease: the connection broke, not
-// necessarily the backend's work, which may still be charging, and a
-// duplicate must not run beside it.
+// for at most the client's timeout. This lock, lost, is released in the
+// background: its answer is due now, at the local deadline. Still held, it
+// is left to its lease when the request is unanswered, or was cancelled
+// because another lock of it was lost (a record's, per account): the
+// connection broke, not necessarily the backend's work, which may still be
+// charging, and a duplicate must not run beside it.
 func (g *lockGiveBack) give(o outcome, done func()) {
 	switch {
-	case o.kind == unanswered && !o.lost:
-		g.lk.Stop()
-		done()
-	case o.lost:
+	case errors.Is(context.Cause(g.lk.Context()), engine.ErrNotHeld):
 		g.lk.ReleaseAsync(g.r.Context(), func(err error) {
 			observeRelease(err)
 			done()
 		})
+	case o.kind == unanswered || o.kind == aborted:
+		g.lk.Stop()
+		done()
 	default:
 		err := g.lk.Release(g.r.Context())
 		observeRelease(err)
@@ -98,12 +99,7 @@ func (g *accountGiveBack) give(o outcome, done func()) {
 		}
 	}
 	g.record.give(o, both)
-	account := o
-	account.lost = errors.Is(context.Cause(g.lock.lk.Context()), engine.ErrNotHeld)
-	if o.kind == aborted && !account.lost {
-		account.kind = unanswered
-	}
-	g.lock.give(account, both)
+	g.lock.give(o, both)
 }
 
 func (g *accountGiveBack) inPlace(w http.ResponseWriter, o outcome) (bool, error) {
