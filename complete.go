@@ -38,7 +38,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 	}
 	h.unacked(p, err)
 	if retried(err) {
-		started := h.locker.Background(ctx, func(ctx context.Context) {
+		started := h.inBackground(ctx, resp, func(ctx context.Context) {
 			defer done()
 			h.afterFirstTry(ctx, p, resp, lost, err, since)
 		})
@@ -60,7 +60,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 // start (MaxBackground): then the answer is stored as any other.
 func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *record.Response, done func()) bool {
 	tried := make(chan struct{})
-	started := h.locker.Background(ctx, func(ctx context.Context) {
+	started := h.inBackground(ctx, resp, func(ctx context.Context) {
 		defer done()
 		since := time.Now()
 		err := p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
@@ -203,6 +203,40 @@ func again(err error) bool {
 // tries are woken (redisconn.Recovery), or a try's own timeout when one was
 // in flight.
 const completeRetryFor = 10 * time.Second
+
+// maxBackground bounds a route's background work (its lock client's
+// MaxBackground): above all the answers Redis did not take, each tried
+// again until it does, and a lost lock's release or a record given back.
+// Past it an answer is not stored, and its retry runs again after the
+// lease; so it is as large as the answers a route may give at once while
+// Redis is away (lock.Config's default, 64, dropped the 65th). A give-back
+// of an acquire has a queue of its own.
+const maxBackground = 1024
+
+// maxAnswersHeld bounds the bytes of the answers a route holds in the
+// background (each until stored, for completeRetryFor at most; two minutes
+// with replicas): 1024 answers of a few KiB, or 64 of max_response's
+// default (1 MiB).
+const maxAnswersHeld = 64 << 20
+
+// inBackground runs f, the storing of resp, in the background, while the
+// route's answers held there stay within maxAnswersHeld and its
+// background work within maxBackground; it reports whether f runs.
+func (h *Handler) inBackground(ctx context.Context, resp *record.Response, f func(context.Context)) bool {
+	size := int64(resp.Size())
+	if h.answersHeld.Add(size) > maxAnswersHeld {
+		h.answersHeld.Add(-size)
+		return false
+	}
+	started := h.locker.Background(ctx, func(ctx context.Context) {
+		defer h.answersHeld.Add(-size)
+		f(ctx)
+	})
+	if !started {
+		h.answersHeld.Add(-size)
+	}
+	return started
+}
 
 // completeRetryPause is the pause between two tries of an outcome: as
 // short as the pools' probe's (redisconn.RedialInterval), as a node whose

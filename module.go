@@ -10,6 +10,7 @@ package redislock
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -171,8 +172,9 @@ type Handler struct {
 	storeWarn   *rateLimitedWarn // an answer that could not be stored
 	unackedWarn *rateLimitedWarn // an answer the replicas did not acknowledge
 	events      *events
-	holds       *holdTimes // for Retry-After
-	redisMode   string     // resolved: for the admin API's list
+	holds       *holdTimes    // for Retry-After
+	redisMode   string        // resolved: for the admin API's list
+	answersHeld *atomic.Int64 // bytes of the answers stored in the background (inBackground)
 }
 
 // CaddyModule returns the Caddy module information. A pointer receiver: the
@@ -194,6 +196,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// silence another.
 	h.unavailable, h.releaseWarn = new(rateLimitedWarn), new(rateLimitedWarn)
 	h.storeWarn, h.unackedWarn = new(rateLimitedWarn), new(rateLimitedWarn)
+	h.answersHeld = new(atomic.Int64)
 	ev, err := newEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("redis_lock: the events app: %w", err)
@@ -235,6 +238,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// a release holds the end of a response for at most one.
 		CallTimeout:    2 * time.Duration(rc.Timeout),
 		ReleaseTimeout: time.Duration(rc.Timeout),
+		MaxBackground:  maxBackground,
 	})
 	if h.Idempotency != nil {
 		if h.store, err = record.NewStore(h.locker); err != nil {

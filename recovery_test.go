@@ -1,8 +1,12 @@
 package redislock
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,4 +135,96 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 	if bound := redisconn.SettleFor + 2*redisTimeout + slack; took > bound {
 		t.Errorf("the replay came %v after the retry was sent, want at most %v", took, bound)
 	}
+}
+
+// Every answer given while Redis was away is stored once it is back, not
+// only the first 64 (the lock client's MaxBackground, which bounded the
+// completions tried in the background): one dropped was never stored, its
+// lease ran out, and its retry ran the payment again. A hundred payments
+// run at once; Redis goes away while the backend holds them, and they are
+// answered; when Redis is back every answer is stored, and every retry gets
+// it.
+func TestManyAnswersStoredAfterOutage(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	gate := redistest.StartGate(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	release := make(chan struct{})
+	var charges atomic.Int64
+	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
+		<-release
+		fmt.Fprintf(w, `{"charge":%d}`, charges.Add(1))
+	})
+	s := startCaddySite(t, paySite(gate.Addr, be.hostPort(), faultTimeouts, lockLines("ttl 3s"), idempotent()), siteOptions{})
+	const payments = 100
+	name := func(i int) string { return fmt.Sprintf("many-%03d", i) }
+	answers := make([]*response, payments)
+	var wg sync.WaitGroup
+	for i := range payments {
+		wg.Go(func() { answers[i] = s.do("POST", "/pay/many", `{}`, "Idempotency-Key", name(i)) })
+	}
+	redistest.Eventually(t, 10*time.Second, "every payment at the backend", func() bool { return be.executions() == payments })
+	gate.Shut()
+	close(release)
+	wg.Wait()
+	for i, a := range answers {
+		if a.Status != http.StatusOK {
+			t.Fatalf("%s, answered while Redis was away: %s", name(i), a)
+		}
+	}
+	// A second more away, with every answer tried again every 25ms: what
+	// that costs (the whole test process, other tests included).
+	before := selfCPU()
+	time.Sleep(time.Second)
+	t.Logf("%d answers tried again for 1s while Redis refused connections: %v of CPU", payments, time.Duration(selfCPU()-before))
+	if err := gate.Open(); err != nil {
+		t.Fatal(err)
+	}
+	var unstored []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		unstored = unstored[:0]
+		for i := range payments {
+			if !keyExists(t, rdb, record.Key(defaultKey(name(i)))) {
+				unstored = append(unstored, name(i))
+			}
+		}
+		if len(unstored) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after Redis came back, %d of %d answers given while it was away are not stored (%v ...): their retries will run again", len(unstored), payments, unstored[0])
+		}
+	}
+	for i := range payments {
+		again := s.do("POST", "/pay/many", `{}`, "Idempotency-Key", name(i))
+		if again.Header.Get(replayedHeader) != "true" || again.Body != answers[i].Body || be.executions(name(i)) != 1 {
+			t.Fatalf("%s, retried: %s, %d runs; want its answer replayed", name(i), again, be.executions(name(i)))
+		}
+	}
+}
+
+// The answers a route holds in the background are bounded in bytes too
+// (maxAnswersHeld): one that would go past it is not taken, one that fits
+// is, and what it held is given back when it ends.
+func TestAnswersHeldBounded(t *testing.T) {
+	t.Parallel()
+	h := unitHandler(t, redistest.Start(t).Addr, nil)
+	big := &record.Response{Body: make([]byte, maxAnswersHeld/2+1)}
+	ran := make(chan struct{})
+	wait := make(chan struct{})
+	if !h.inBackground(context.Background(), big, func(context.Context) { close(ran); <-wait }) {
+		t.Fatal("the first answer, half the bound, was not taken")
+	}
+	<-ran
+	if h.inBackground(context.Background(), big, func(context.Context) { t.Error("ran past the bound") }) {
+		t.Fatal("a second answer past the bound was taken")
+	}
+	close(wait)
+	redistest.Eventually(t, 5*time.Second, "the bytes given back", func() bool { return h.answersHeld.Load() == 0 })
+	done := make(chan struct{})
+	if !h.inBackground(context.Background(), big, func(context.Context) { close(done) }) {
+		t.Fatal("an answer that fits once the first ended was not taken")
+	}
+	<-done
 }

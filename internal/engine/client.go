@@ -45,12 +45,13 @@ type Config struct {
 	// read and write timeouts (go-redis: ReadTimeout, 3s unless set).
 	ReleaseTimeout time.Duration
 	// MaxBackground bounds the work running in the background at once:
-	// ReleaseAsync and Background's callers. The give-backs after an
-	// acquire whose reply did not come (the lock may have been taken),
-	// which are tried again while Redis does not answer, have a bound of
-	// their own, as large, so that they never crowd out the rest (a stored
-	// answer written again, say). Beyond it work is dropped and the lease
-	// ends the lock. Default 64.
+	// ReleaseAsync and Background's callers; beyond it such work is
+	// dropped and the lease ends the lock. The give-backs after an acquire
+	// whose reply did not come (the lock may have been taken), tried again
+	// while Redis does not answer, have a bound of their own, as large but
+	// at most 64 tried at once (maxGiveBackWorkers), so that they never
+	// crowd out the rest (a stored answer written again, say); the others
+	// wait their turn (giveBacks). Default 64.
 	MaxBackground int
 	// OnRenew, when set, is called after every keep-alive refresh with nil,
 	// ErrNotHeld or an ErrUnavailable error (for metrics).

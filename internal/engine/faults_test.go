@@ -106,14 +106,29 @@ func testCallTimeoutBoundsQueuedCalls(t *testing.T, backend func(t *testing.T, a
 }
 
 // Acquires that fail leave a give-back behind each (the script may have
-// run), never more than MaxBackground tried at once, and they leave the
-// other background work its own room. Those beyond MaxBackground wait their
-// turn rather than being dropped: the acquires that waited in the paused
-// Redis's socket buffer run when it resumes, and every one is given back,
-// none left holding its key for the lease.
+// run), never more than MaxBackground tried at once, nor more than 64
+// whatever MaxBackground says, and they leave the other background work
+// its own room. Those beyond wait their turn rather than being dropped:
+// the acquires that waited in the paused Redis's socket buffer run when it
+// resumes, and every one is given back, none left holding its key for the
+// lease.
 func TestBackgroundReleasesAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		maxBackground, acquires int
+		peak                    int64
+	}{
+		{maxBackground: 4, acquires: 40, peak: 4},
+		{maxBackground: 1024, acquires: 100, peak: maxGiveBackWorkers},
+	} {
+		t.Run(fmt.Sprintf("MaxBackground %d", tc.maxBackground), func(t *testing.T) {
+			backgroundReleasesBounded(t, tc.maxBackground, tc.acquires, tc.peak)
+		})
+	}
+}
+
+func backgroundReleasesBounded(t *testing.T, maxBackground, acquires int, wantPeak int64) {
 	srv, rdb := startRedis(t)
-	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: 200 * time.Millisecond, MaxBackground: 4})
+	c := New(asyncRDB(t, srv.Addr), &Config{CallTimeout: 200 * time.Millisecond, MaxBackground: maxBackground})
 	mustAcquire(t, c, testKey(t)+"-warm", Options{TTL: time.Minute, Renew: NoRenew})
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
@@ -135,7 +150,6 @@ func TestBackgroundReleasesAreBounded(t *testing.T) {
 		}
 	}()
 	var wg sync.WaitGroup
-	const acquires = 40
 	for i := range acquires {
 		wg.Add(1)
 		go func() {
@@ -153,8 +167,8 @@ func TestBackgroundReleasesAreBounded(t *testing.T) {
 	_ = srv.Resume()
 	redistest.Eventually(t, 5*time.Second, "background releases to end", func() bool { return c.Running() == 0 })
 	close(stop)
-	if p := peak.Load(); p != 4 {
-		t.Fatalf("background releases at once: peak %d, want MaxBackground (4)", p)
+	if p := peak.Load(); p != wantPeak {
+		t.Fatalf("give-backs tried at once: peak %d, want %d", p, wantPeak)
 	}
 	ctx := ctxT(t)
 	if marks := rdb.Keys(ctx, testKey(t)+"-*:gone:*").Val(); len(marks) != acquires {

@@ -16,9 +16,10 @@ import (
 // give-back dropped then leaves its key held for a lease by a request that
 // never runs, 409 to every retry, and an earlier holder's answer refused
 // until that lease ends, when a retry may run the request again. So none is
-// dropped while there is room (maxQueuedGiveBacks); at most MaxBackground
-// are tried at once, and the rest wait their turn, each tried again (at
-// the back of the queue) while Redis does not answer.
+// dropped while there is room (maxQueuedGiveBacks); at most
+// MaxBackground (and maxGiveBackWorkers) are tried at once, and the rest
+// wait their turn, each tried again (at the back of the queue) while Redis
+// does not answer.
 type giveBacks struct {
 	c       *Client
 	mu      sync.Mutex
@@ -29,7 +30,7 @@ type giveBacks struct {
 
 // giveBackItem is one token to give back, until its time is up.
 type giveBackItem struct {
-	ctx        context.Context
+	ctx        context.Context // Background: see giveBackUntilAnswered
 	b          Backend
 	key, token string
 	ttl        time.Duration
@@ -39,6 +40,13 @@ type giveBackItem struct {
 // maxQueuedGiveBacks bounds the tokens waiting per Client (a few hundred
 // bytes each): past it the oldest is dropped, and the lease ends its lock.
 const maxQueuedGiveBacks = 10000
+
+// maxGiveBackWorkers bounds the give-backs tried at once, whatever
+// MaxBackground allows the other background work: while Redis refuses
+// connections each worker fails fast and tries again 25ms to 100ms later
+// (against a hung Redis each try waits ReleaseTimeout, and the queue goes
+// round slower); once Redis answers, a few drain it in milliseconds.
+const maxGiveBackWorkers = 64
 
 // GiveBackFor is the shortest time a give-back that Redis did not answer
 // is tried again for (a lease, when that is longer).
@@ -57,21 +65,21 @@ const (
 // lease is shorter): it reaches Redis soon after a late acquire, and the
 // mark makes a give-back repeated in any order safe. It stops when the
 // Redis client is closed.
-func (c *Client) giveBackUntilAnswered(ctx context.Context, b Backend, key, token string, ttl time.Duration) {
-	c.gb.add(giveBackItem{ctx: context.WithoutCancel(ctx), b: b, key: key, token: token, ttl: ttl,
+//
+// It keeps none of ctx: a waiting give-back must not hold a request (and
+// what its context refers to) for seconds; no value in it is needed.
+func (c *Client) giveBackUntilAnswered(_ context.Context, b Backend, key, token string, ttl time.Duration) {
+	c.gb.add(giveBackItem{ctx: context.Background(), b: b, key: key, token: token, ttl: ttl,
 		until: time.Now().Add(max(ttl, GiveBackFor))})
 }
 
-// add queues it, and starts a worker while fewer than MaxBackground run.
+// add queues it, and starts a worker while fewer than MaxBackground (and
+// maxGiveBackWorkers) run.
 func (q *giveBacks) add(it giveBackItem) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.queue) >= maxQueuedGiveBacks {
-		q.queue[0] = giveBackItem{}
-		q.queue = q.queue[1:]
-	}
-	q.queue = append(q.queue, it)
-	if q.running < q.c.cfg.MaxBackground {
+	q.push(it)
+	if q.running < min(q.c.cfg.MaxBackground, maxGiveBackWorkers) {
 		q.running++
 		go q.work()
 	}
@@ -124,9 +132,19 @@ func (q *giveBacks) done(it giveBackItem, again bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.trying--
-	if again && len(q.queue) < maxQueuedGiveBacks {
-		q.queue = append(q.queue, it)
+	if again {
+		q.push(it)
 	}
+}
+
+// push appends it, dropping the oldest when the queue is full. The caller
+// holds mu.
+func (q *giveBacks) push(it giveBackItem) {
+	if len(q.queue) >= maxQueuedGiveBacks {
+		q.queue[0] = giveBackItem{}
+		q.queue = q.queue[1:]
+	}
+	q.queue = append(q.queue, it)
 }
 
 // InBackground is the number of calls the Client runs in the background
