@@ -71,6 +71,11 @@ type Pending struct {
 	*engine.Lock
 	store       *Store
 	fingerprint string
+	// The last response Complete encoded, and its bytes: a completion that
+	// Redis does not take is tried again with the same one every 25ms,
+	// and a 1 MiB answer must not cost 1 MiB a try.
+	encoded []byte
+	of      *Response
 }
 
 // Begin starts the request with fingerprint under key (a lock key), in one
@@ -136,7 +141,8 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.O
 // (redisscript's ProcessBulk), so that the renewals and other requests'
 // commands are not queued behind its transfer. A Complete retried after a
 // lost reply finds its own record and counts it as stored, so it may be
-// called again after an ErrUnavailable error.
+// called again after an ErrUnavailable error, one call at a time, with a
+// resp left unchanged (its encoding is kept for the next call).
 //
 // In Redlock mode a completion whose lock is held by its own clock is still
 // the two native commands on each master (mayBeLost): a master where a
@@ -144,7 +150,10 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.O
 // every master.
 func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
 	s, lk := p.store, p.Lock
-	c := completion{value: encode(p.fingerprint, resp), retention: retention, bulk: Bulk(resp)}
+	if p.of != resp {
+		p.encoded, p.of = encode(p.fingerprint, resp), resp
+	}
+	c := completion{value: p.encoded, retention: retention, bulk: Bulk(resp)}
 	timeout := s.tryTimeout(c.bulk, len(c.value))
 	c.native = len(s.nodes) > 1 && !s.mayBeLost(lk, timeout)
 	lk.Ending()
