@@ -62,15 +62,17 @@ func (g *lockGiveBack) give(o outcome, done func()) {
 	}
 }
 
-// inPlace answers a lost lock (lost_lock abort) with lock-lost, and a
-// request that may have run unanswered with outcome-unknown: whatever
-// status reverse_proxy gives it (a reset, a timeout, a stopped second
-// sending), a retry must not charge again unseen.
+// inPlace answers a request that may have run unanswered with
+// outcome-unknown: whatever status reverse_proxy gives it (a reset, a
+// timeout, a stopped second sending, a lost lock's cancel), a retry must
+// not charge again unseen, and the lost lock no longer keeps it out. A lost
+// lock (lost_lock abort) whose request never reached a backend is
+// lock-lost: nothing ran, a retry may.
 func (g *lockGiveBack) inPlace(w http.ResponseWriter, o outcome) (bool, error) {
 	switch {
-	case o.kind == aborted:
+	case o.kind == aborted && o.unsent:
 		return true, g.h.writeProblem(w, problemLockLost)
-	case o.kind == unanswered && !o.lost:
+	case o.kind == aborted, o.kind == unanswered && !o.lost:
 		return true, g.h.writeProblem(w, problemOutcomeUnknown)
 	}
 	return false, nil

@@ -143,7 +143,11 @@ func TestLostLockCancelsUpstream(t *testing.T) {
 	if r == nil {
 		t.Fatal("the request that lost its lock got no response")
 	}
-	expectProblem(t, r, http.StatusServiceUnavailable)
+	// The backend had the request: its outcome is unknown, and nothing
+	// keeps a retry out any more.
+	if p := expectProblem(t, r, http.StatusBadGateway); !strings.HasSuffix(p.Type, "#outcome-unknown") {
+		t.Fatalf("lost lock of a request the backend had: %s, want outcome-unknown", p.Type)
+	}
 
 	<-resumed
 	var next *response
@@ -160,7 +164,8 @@ func TestLostLockCancelsUpstream(t *testing.T) {
 }
 
 // A lock lost while Redis is paused is answered at the local lease
-// deadline: 503, within a few tens of ms of it, long before Redis resumes.
+// deadline: 502 outcome-unknown (the backend had the request), within a
+// few tens of ms of it, long before Redis resumes.
 func TestLostLockAnsweredAtDeadline(t *testing.T) {
 	srv, _ := newRedis(t)
 	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
@@ -203,7 +208,9 @@ func TestLostLockAnsweredAtDeadline(t *testing.T) {
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
-	expectProblem(t, res.r, http.StatusServiceUnavailable)
+	if p := expectProblem(t, res.r, http.StatusBadGateway); !strings.HasSuffix(p.Type, "#outcome-unknown") || res.r.Header.Get("Stripe-Should-Retry") != "false" {
+		t.Errorf("lost lock of a request the backend had: %s, Stripe-Should-Retry %q, want outcome-unknown, false", p.Type, res.r.Header.Get("Stripe-Should-Retry"))
+	}
 	// The lease was taken after sent; the answer is due at its deadline.
 	if d := res.at.Sub(sent); d > ttl+100*time.Millisecond {
 		t.Errorf("lost lock answered %v after the request was sent, want at the %v lease deadline", d, ttl)
@@ -302,6 +309,8 @@ func fastRenew(h *Handler) {
 	h.Renew = caddy.Duration(100 * time.Millisecond)
 }
 
+// A lock lost before any answer, under a next handler the client trace
+// does not see (not net/http's transport), may have run it: outcome-unknown.
 func TestLostLockBeforeResponse(t *testing.T) {
 	srv, rdb := newRedis(t)
 	h := unitHandler(t, srv.Addr, fastRenew)
@@ -310,13 +319,13 @@ func TestLostLockBeforeResponse(t *testing.T) {
 	rec := httptest.NewRecorder()
 	r, repl := unitRequest("POST", "k5", "")
 	err := h.ServeHTTP(rec, r, loseLock(t, rdb, key, "", &sawCancel))
-	if err != nil || rec.Code != 503 || !sawCancel.Load() {
-		t.Fatalf("err %v, status %d, upstream cancelled %v: want the 502 replaced by 503", err, rec.Code, sawCancel.Load())
+	if err != nil || rec.Code != http.StatusBadGateway || !sawCancel.Load() {
+		t.Fatalf("err %v, status %d, upstream cancelled %v: want the 502 replaced by outcome-unknown", err, rec.Code, sawCancel.Load())
 	}
 	var body problemJSON
 	json.Unmarshal(rec.Body.Bytes(), &body)
-	if body.Type != problemTypeBase+"lock-lost" || rec.Header().Get("Retry-After") != "1" {
-		t.Errorf("body %+v, Retry-After %q", body, rec.Header().Get("Retry-After"))
+	if body.Type != problemTypeBase+"outcome-unknown" || rec.Header().Get("Stripe-Should-Retry") != "false" {
+		t.Errorf("body %+v, Stripe-Should-Retry %q", body, rec.Header().Get("Stripe-Should-Retry"))
 	}
 	if res, _ := repl.GetString(phResult); res != resultLost {
 		t.Errorf("result %q", res)
@@ -450,5 +459,34 @@ func TestIdempotentLostLockAfterResponseStartedCountedOnce(t *testing.T) {
 	}
 	if res, _ := repl.GetString(phResult); res != resultLost || counterValue(t, metrics.lost) != lostBefore+1 {
 		t.Errorf("result %q, lost_total %v -> %v: want lost, counted once", res, lostBefore, counterValue(t, metrics.lost))
+	}
+}
+
+// A lock lost before its request reached a backend is lock-lost, which a
+// client may retry: reverse_proxy's transport was still in its TLS
+// handshake with a backend that never answers it, and wrote nothing. The
+// same lock lost once the backend had the request is outcome-unknown
+// (TestLostLockAnsweredAtDeadline).
+func TestLostLockBeforeSent(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newRedis(t)
+	s := startCaddySite(t, paySite(srv.Addr, redistest.BlackHole(t), lockLines("ttl 1s"),
+		proxyTransport("tls", "tls_insecure_skip_verify", "tls_timeout 10s")), siteOptions{})
+	done := make(chan *response, 1)
+	go func() { done <- s.do("POST", "/pay", `{}`, "Idempotency-Key", "unsent") }()
+	redistest.Eventually(t, 5*time.Second, "the lock taken", func() bool { return keyExists(t, rdb, defaultKey("unsent")) })
+	lostAt := time.Now()
+	if err := rdb.Del(context.Background(), defaultKey("unsent")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var r *response
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer after the lock was lost during the TLS handshake")
+	}
+	t.Logf("answered %v after the lock was deleted", time.Since(lostAt))
+	if p := expectProblem(t, r, http.StatusServiceUnavailable); !strings.HasSuffix(p.Type, "#lock-lost") || r.Header.Get("Retry-After") != "1" {
+		t.Fatalf("lost lock of a request that never left: %s, Retry-After %q, want lock-lost, 1", p.Type, r.Header.Get("Retry-After"))
 	}
 }

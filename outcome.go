@@ -11,8 +11,9 @@ import (
 // outcome is what became of a request that ran under its key: one
 // classification, which each mode's give-back maps to its actions.
 type outcome struct {
-	kind outcomeKind
-	lost bool // the lock was lost while next ran
+	kind   outcomeKind
+	lost   bool // the lock was lost while next ran
+	unsent bool // aborted: the request is known never to have reached a backend
 }
 
 type outcomeKind int
@@ -37,7 +38,7 @@ func (q *heldRequest) classify(nextErr error) outcome {
 	o := outcome{lost: lost}
 	switch {
 	case lost && q.h.LostLock == LostLockAbort:
-		o.kind = aborted
+		o.kind, o.unsent = aborted, q.once.unsent()
 	case nextErr != nil && q.hw.started:
 		o.kind = brokeOff
 	case q.unanswered(nextErr):

@@ -42,6 +42,8 @@ type sentOnce struct {
 	http2   bool     // the current attempt is HTTP/2
 	sent    bool     // an HTTP/1 attempt wrote its request
 	halted  bool     // a later attempt was stopped
+	tried   bool     // net/http's transport asked for a connection
+	wrote   bool     // an attempt, HTTP/1 or HTTP/2, wrote a header
 }
 
 // sendOnce returns r with a context that sends it upstream at most once:
@@ -71,7 +73,7 @@ func sendOnce(r *http.Request, ctx context.Context, cancel context.CancelCauseFu
 func (s *sentOnce) getConn(string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.conn, s.attempt, s.http2 = nil, true, false
+	s.conn, s.attempt, s.http2, s.tried = nil, true, false, true
 	if s.sent {
 		s.stopLocked()
 	}
@@ -93,7 +95,7 @@ func (s *sentOnce) wroteHeaderField(key string, _ []string) {
 	if !s.attempt {
 		return
 	}
-	s.attempt = false
+	s.attempt, s.wrote = false, true
 	s.http2 = strings.HasPrefix(key, ":")
 	if s.halted && !s.http2 && s.conn != nil {
 		_ = s.conn.SetWriteDeadline(time.Unix(1, 0))
@@ -135,4 +137,14 @@ func (s *sentOnce) stopped() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.halted
+}
+
+// unsent reports whether the request is known never to have reached a
+// backend: net/http's transport tried to send it and no attempt wrote a
+// byte of it (a dial or a TLS handshake that never ended, say). Anything
+// else, a transport that is not net/http's included, may have reached one.
+func (s *sentOnce) unsent() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tried && !s.wrote
 }
