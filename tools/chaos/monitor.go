@@ -17,8 +17,8 @@ import (
 // its time and client address, to redis-monitor.log in dir until ctx ends,
 // starting it again after a restart: the AOF holds only what changed data,
 // and a give-back that found nothing, or a lookup, leaves no trace there.
-// It costs Redis about half its throughput, so it is for diagnosing a run,
-// not for the figures.
+// Redis's documentation warns that one MONITOR client can halve its
+// throughput: it is for diagnosing a run, not for the figures.
 func monitorRedis(ctx context.Context, dir, addr string) (func(), error) {
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
