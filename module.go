@@ -121,8 +121,9 @@ type Handler struct {
 	OnError string `json:"on_error,omitempty"`
 
 	// LostLock is what happens when the lock is lost while the request is in
-	// flight: "abort" cancels the upstream request and answers 503 (or
-	// aborts a response already started), "continue" only logs and counts.
+	// flight: "abort" cancels the upstream request and answers 502
+	// outcome-unknown (503 lock-lost when the request never left; a
+	// response already started is aborted), "continue" only logs and counts.
 	// Default: "abort".
 	LostLock string `json:"lost_lock,omitempty"`
 
