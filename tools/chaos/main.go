@@ -208,7 +208,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 	var rds *chaosRedis
 	var sen *chaosSentinel
-	stopMonitor := func() {}
+	stopMonitor, monitored := func() {}, false
 	cfg := nodeConfig{TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly}
 	if sc.Accounts > 0 {
 		// An account's requests wait for each other (a lease's half, about
@@ -235,6 +235,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 				return nil, err
 			}
 			defer stopMonitor()
+			monitored = true
 		}
 	}
 	be, err := startBackend(sc.Seed, sc.TTL)
@@ -365,7 +366,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	o.Record = runRecord{Execs: be.executions(), Clients: results, Faults: faults,
 		TTL: sc.TTL, Timeout: sc.Timeout, Idempotency: !sc.LockOnly, Wait: cfg.Wait, End: end}
 	o.Violations, o.Excused = check(o.Record)
-	if sc.Monitor && sc.Accounts == 0 {
+	if monitored && sc.Accounts == 0 {
 		stopMonitor()
 		p, err := findPhantoms(dir, o.Record.Execs, sc.TTL)
 		if err != nil {
