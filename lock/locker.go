@@ -42,13 +42,12 @@ type Config struct {
 	// cancellation. Default 0: CallTimeout, else the Redis client's own
 	// read and write timeouts (go-redis: ReadTimeout, 3s unless set).
 	ReleaseTimeout time.Duration
-	// MaxBackground bounds ReleaseAsync's work running at once (beyond it
-	// the lease ends the lock) and, apart, the give-backs tried at once
-	// (never more than 64): after an acquire whose reply did not come (the
-	// lock may have been taken), the lock is released in the background,
-	// and again while Redis does not answer. The other give-backs wait
-	// their turn (up to 10,000; past that the oldest is dropped and the
-	// lease ends its lock). Default 64.
+	// MaxBackground bounds the give-backs tried at once (never more than
+	// 64): after an acquire whose reply did not come (the lock may have
+	// been taken), the lock is released in the background, and again while
+	// Redis does not answer. The other give-backs wait their turn (up to
+	// 10,000; past that the oldest is dropped and the lease ends its
+	// lock). Default 64.
 	MaxBackground int
 	// OnRenew, when set, is called after every keep-alive refresh with nil,
 	// ErrNotHeld or an ErrUnavailable error (for metrics).
