@@ -38,7 +38,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 	}
 	h.unacked(p, err)
 	if retried(err) {
-		started := h.inBackground(ctx, resp, func(ctx context.Context) {
+		started := h.storeInBackground(ctx, resp, func(ctx context.Context) {
 			defer done()
 			h.afterFirstTry(ctx, p, resp, lost, err, since)
 		})
@@ -60,7 +60,7 @@ func (h *Handler) complete(ctx context.Context, p *record.Pending, resp *record.
 // start (MaxBackground): then the answer is stored as any other.
 func (h *Handler) completeBulk(ctx context.Context, p *record.Pending, resp *record.Response, done func()) bool {
 	tried := make(chan struct{})
-	started := h.inBackground(ctx, resp, func(ctx context.Context) {
+	started := h.storeInBackground(ctx, resp, func(ctx context.Context) {
 		defer done()
 		since := time.Now()
 		err := p.Complete(ctx, resp, time.Duration(h.Idempotency.Retention))
@@ -219,10 +219,10 @@ const maxBackground = 1024
 // default (1 MiB).
 const maxAnswersHeld = 64 << 20
 
-// inBackground runs f, the storing of resp, in the background, while the
+// storeInBackground runs f, the storing of resp, in the background, while the
 // route's answers held there stay within maxAnswersHeld and its
 // background work within maxBackground; it reports whether f runs.
-func (h *Handler) inBackground(ctx context.Context, resp *record.Response, f func(context.Context)) bool {
+func (h *Handler) storeInBackground(ctx context.Context, resp *record.Response, f func(context.Context)) bool {
 	size := int64(resp.Size())
 	if h.answersHeld.Add(size) > maxAnswersHeld {
 		h.answersHeld.Add(-size)

@@ -44,7 +44,7 @@ func (g *lockGiveBack) writer(hw *holdWriter) http.ResponseWriter { return hw }
 // charging, and a duplicate must not run beside it.
 func (g *lockGiveBack) give(o outcome, done func()) {
 	switch {
-	case errors.Is(context.Cause(g.lk.Context()), engine.ErrNotHeld):
+	case o.lost && errors.Is(context.Cause(g.lk.Context()), engine.ErrNotHeld):
 		g.lk.ReleaseAsync(g.r.Context(), func(err error) {
 			observeRelease(err)
 			done()

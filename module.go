@@ -175,7 +175,7 @@ type Handler struct {
 	events      *events
 	holds       *holdTimes    // for Retry-After
 	redisMode   string        // resolved: for the admin API's list
-	answersHeld *atomic.Int64 // bytes of the answers stored in the background (inBackground)
+	answersHeld *atomic.Int64 // bytes of the answers stored in the background (storeInBackground)
 }
 
 // CaddyModule returns the Caddy module information. A pointer receiver: the

@@ -146,10 +146,8 @@ func TestRetryAfterRedisReturnFindsTheAnswer(t *testing.T) {
 // it.
 func TestManyAnswersStoredAfterOutage(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
+	srv, rdb := newRedis(t)
 	gate := redistest.StartGate(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
 	release := make(chan struct{})
 	var charges atomic.Int64
 	be := newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
@@ -213,17 +211,17 @@ func TestAnswersHeldBounded(t *testing.T) {
 	big := &record.Response{Body: make([]byte, maxAnswersHeld/2+1)}
 	ran := make(chan struct{})
 	wait := make(chan struct{})
-	if !h.inBackground(context.Background(), big, func(context.Context) { close(ran); <-wait }) {
+	if !h.storeInBackground(context.Background(), big, func(context.Context) { close(ran); <-wait }) {
 		t.Fatal("the first answer, half the bound, was not taken")
 	}
 	<-ran
-	if h.inBackground(context.Background(), big, func(context.Context) { t.Error("ran past the bound") }) {
+	if h.storeInBackground(context.Background(), big, func(context.Context) { t.Error("ran past the bound") }) {
 		t.Fatal("a second answer past the bound was taken")
 	}
 	close(wait)
 	redistest.Eventually(t, 5*time.Second, "the bytes given back", func() bool { return h.answersHeld.Load() == 0 })
 	done := make(chan struct{})
-	if !h.inBackground(context.Background(), big, func(context.Context) { close(done) }) {
+	if !h.storeInBackground(context.Background(), big, func(context.Context) { close(done) }) {
 		t.Fatal("an answer that fits once the first ended was not taken")
 	}
 	<-done

@@ -42,7 +42,6 @@ type sentOnce struct {
 	http2   bool     // the current attempt is HTTP/2
 	sent    bool     // an HTTP/1 attempt wrote its request
 	halted  bool     // a later attempt was stopped
-	tried   bool     // net/http's transport asked for a connection
 	wrote   bool     // an attempt, HTTP/1 or HTTP/2, wrote a header
 }
 
@@ -73,7 +72,7 @@ func sendOnce(r *http.Request, ctx context.Context, cancel context.CancelCauseFu
 func (s *sentOnce) getConn(string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.conn, s.attempt, s.http2, s.tried = nil, true, false, true
+	s.conn, s.attempt, s.http2 = nil, true, false
 	if s.sent {
 		s.stopLocked()
 	}
@@ -146,5 +145,5 @@ func (s *sentOnce) stopped() bool {
 func (s *sentOnce) unsent() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.tried && !s.wrote
+	return s.attempt && !s.wrote // attempt: a connection asked for, no header written
 }

@@ -156,7 +156,7 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 				// only the reply be lost: free what may be ours so a
 				// duplicate is not blocked for a lease, and mark the
 				// token given back for an attempt that runs later.
-				c.giveBackUntilAnswered(ctx, b, key, token, ttl)
+				c.giveBackUntilAnswered(b, key, token, ttl)
 			}
 			return nil, err
 		}
@@ -266,19 +266,13 @@ func (c *Client) releaseContext(ctx context.Context) (context.Context, context.C
 // caller finishes after it has answered, such as storing an outcome once
 // Redis is back (package record's users).
 func (c *Client) Background(ctx context.Context, f func(context.Context)) bool {
-	return c.inBackground(ctx, c.bg, f)
-}
-
-// inBackground runs f detached from ctx's cancellation while sem, a bound
-// of background work, has room; it reports whether f runs.
-func (c *Client) inBackground(ctx context.Context, sem chan struct{}, f func(context.Context)) bool {
 	select {
-	case sem <- struct{}{}:
+	case c.bg <- struct{}{}:
 	default:
 		return false
 	}
 	go func() {
-		defer func() { <-sem }()
+		defer func() { <-c.bg }()
 		f(context.WithoutCancel(ctx))
 	}()
 	return true

@@ -30,7 +30,6 @@ type giveBacks struct {
 
 // giveBackItem is one token to give back, until its time is up.
 type giveBackItem struct {
-	ctx        context.Context // Background: see giveBackUntilAnswered
 	b          Backend
 	key, token string
 	ttl        time.Duration
@@ -66,10 +65,10 @@ const (
 // mark makes a give-back repeated in any order safe. It stops when the
 // Redis client is closed.
 //
-// It keeps none of ctx: a waiting give-back must not hold a request (and
-// what its context refers to) for seconds; no value in it is needed.
-func (c *Client) giveBackUntilAnswered(_ context.Context, b Backend, key, token string, ttl time.Duration) {
-	c.gb.add(giveBackItem{ctx: context.Background(), b: b, key: key, token: token, ttl: ttl,
+// It takes no context: a waiting give-back must not hold a request (and
+// what its context refers to) for seconds; no value in one is needed.
+func (c *Client) giveBackUntilAnswered(b Backend, key, token string, ttl time.Duration) {
+	c.gb.add(giveBackItem{b: b, key: key, token: token, ttl: ttl,
 		until: time.Now().Add(max(ttl, GiveBackFor))})
 }
 
@@ -95,7 +94,7 @@ func (q *giveBacks) work() {
 		if !ok {
 			return
 		}
-		err := q.c.giveBack(it.ctx, it.b, it.key, it.token, it.ttl)
+		err := q.c.giveBack(context.Background(), it.b, it.key, it.token, it.ttl)
 		again := errors.Is(err, ErrUnavailable) && !errors.Is(err, redis.ErrClosed) && time.Now().Before(it.until)
 		q.done(it, again)
 		if !again {
