@@ -115,6 +115,7 @@ const (
 	stateCompleted      = "completed"
 	stateOutcomeUnknown = "outcome_unknown"
 	stateNotReplayable  = "not_replayable"
+	stateAbandoned      = "abandoned"  // in progress, its holder's lease gone: retries get outcome-unknown
 	stateUnreadable     = "unreadable" // not a record this version can read
 )
 
@@ -326,7 +327,9 @@ func recordOf(in record.Inspection) *recordState {
 		n := len(in.Record.Body)
 		return &recordState{State: stateOf(in.Record.Outcome), Status: in.Record.Status, BodyBytes: &n, ExpiresInMs: ms(in.RecordTTL)}
 	case in.InProgress:
-		return &recordState{State: stateInProgress}
+		return &recordState{State: stateInProgress, ExpiresInMs: ms(in.RecordTTL)}
+	case in.Abandoned:
+		return &recordState{State: stateAbandoned, ExpiresInMs: ms(in.RecordTTL)}
 	}
 	return &recordState{State: stateNone}
 }
@@ -339,6 +342,8 @@ func stateOf(o record.Outcome) string {
 		return stateOutcomeUnknown
 	case record.NotReplayable:
 		return stateNotReplayable
+	case record.Abandoned:
+		return stateAbandoned
 	}
 	return stateCompleted
 }

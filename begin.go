@@ -29,46 +29,49 @@ func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, sta
 	if redisconn.Settle(recoveredAt) {
 		metrics.settled.inc(settleWaited)
 	}
-	pending, err := h.store.Begin(ctx, k.record, k.fingerprint, h.lockOptions())
-	if err == nil && h.conn.Recovery().Last() != recoveredAt {
+	pending, err := h.store.Begin(ctx, k.record, k.fingerprint, time.Duration(h.Idempotency.Retention), h.lockOptions())
+	if (err == nil || errors.Is(err, record.ErrAbandoned)) && h.conn.Recovery().Last() != recoveredAt {
 		pending, err = h.beginAgain(ctx, pending, k.record, k.fingerprint, start)
 	}
 	return pending, err
 }
 
-// beginAgain gives up pending, a request begun as Redis recovered, and
-// begins it again once the answers given while Redis was away are stored
-// (settle). Its key may be free only because the lease of a holder that
+// beginAgain gives up pending, a request begun as Redis recovered (nil:
+// one that found its record abandoned), and begins it again once the
+// answers given while Redis was away are stored (settle). Its key may be
+// free, or its record abandoned, only because the lease of a holder that
 // could not store its answer ran out during the outage; that holder's
 // completion, woken by Redis's recovery too, is refused while another
 // request holds the key, and lands once this one lets go: a retry that
-// reaches Redis just before that completion must not run the request
-// again.
+// reaches Redis just before that completion must get it, not run the
+// request again nor be told its outcome is unknown.
 //
 // A key that could not be given back is answered 503 (errNotGivenBack),
 // and given back in the background (giveRecordBack). The second begin
 // waits only for what is left of the `wait`.
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.conn.Recovery().Last()
-	if err := h.giveRecordBack(ctx, pending); err != nil && !errors.Is(err, engine.ErrNotHeld) {
-		return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
+	if pending != nil {
+		if err := h.giveRecordBack(ctx, pending); err != nil && !errors.Is(err, engine.ErrNotHeld) {
+			return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
+		}
 	}
 	metrics.settled.inc(settleBegunAgain)
 	redisconn.Settle(at)
 	opt := h.lockOptions()
 	opt.Wait = max(opt.Wait-time.Since(start), 0)
-	return h.store.Begin(ctx, rkey, fingerprint, opt)
+	return h.store.Begin(ctx, rkey, fingerprint, time.Duration(h.Idempotency.Retention), opt)
 }
 
 // giveRecordBack gives up a record begun for a request that did not run,
 // so that its retry runs, and so that the answer of an earlier holder,
 // tried again while Redis did not take it, can land. A give-back that Redis
-// did not answer is tried again in the background while the lease lasts:
-// a record left held would refuse that earlier answer for a whole lease,
-// after which a retry runs the request again. It returns the first try's
-// error.
+// did not answer is tried again in the background for as long as an
+// answer is (completeRetryFor, or a lease): a record left in progress is
+// abandoned once its lease runs out, and its retries are answered
+// outcome-unknown although nothing ran. It returns the first try's error.
 func (h *Handler) giveRecordBack(ctx context.Context, p *record.Pending) error {
-	deadline := p.Deadline()
+	deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
 	err := p.Release(ctx)
 	if !errors.Is(err, engine.ErrUnavailable) {
 		return err

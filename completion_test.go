@@ -27,7 +27,7 @@ func TestIdempotencyStoredBeforeLastByte(t *testing.T) {
 	var at []state // per client-side write
 	pw := newProbeWriter()
 	pw.onWrite = func([]byte) {
-		at = append(at, state{keyExists(t, rdb, key), keyExists(t, rdb, record.Key(key))})
+		at = append(at, state{keyExists(t, rdb, key), recordCompleted(t, rdb, key)})
 	}
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Length", "11")

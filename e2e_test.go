@@ -73,24 +73,47 @@ func TestMain(m *testing.M) {
 
 // caddyProcess is one running `caddy run`.
 type caddyProcess struct {
-	URL    string
-	cmd    *exec.Cmd
-	output *bytes.Buffer
+	URL      string
+	AdminURL string // empty when the admin endpoint is off
+	cmd      *exec.Cmd
+	output   *bytes.Buffer
+	exited   chan struct{} // closed when the process has exited
+}
+
+// nodeOptions are a Caddy process's global options.
+type nodeOptions struct {
+	admin bool          // serve the admin API on a free port
+	grace time.Duration // the servers' grace_period on a stop (0: Caddy's default)
 }
 
 // startCaddyProcess runs bin with a Caddyfile holding one site whose body is
 // body, on a free port, admin off, and stops it when the test ends.
 func startCaddyProcess(t *testing.T, bin, name, body string) *caddyProcess {
 	t.Helper()
+	return startCaddyNode(t, bin, name, body, nodeOptions{})
+}
+
+// startCaddyNode is startCaddyProcess with opt's global options.
+func startCaddyNode(t *testing.T, bin, name, body string, opt nodeOptions) *caddyProcess {
+	t.Helper()
 	dir := t.TempDir()
 	port := mustFreePort(t)
+	admin, adminURL := "admin off", ""
+	if opt.admin {
+		adminAddr := fmt.Sprintf("127.0.0.1:%d", mustFreePort(t))
+		admin, adminURL = "admin "+adminAddr, "http://"+adminAddr
+	}
+	grace := ""
+	if opt.grace > 0 {
+		grace = fmt.Sprintf("\tgrace_period %v\n", opt.grace)
+	}
 	cf := fmt.Sprintf(`{
-	admin off
+	%s
 	persist_config off
 	auto_https off
 	skip_install_trust
 	storage file_system %s
-	log {
+%s	log {
 		level WARN
 	}
 }
@@ -98,18 +121,20 @@ func startCaddyProcess(t *testing.T, bin, name, body string) *caddyProcess {
 http://127.0.0.1:%d {
 %s
 }
-`, filepath.Join(dir, "data"), port, body)
+`, admin, filepath.Join(dir, "data"), grace, port, body)
 	path := writeFile(t, dir, "Caddyfile", cf)
 	out := new(bytes.Buffer)
 	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
 	cmd.SysProcAttr = redistest.SysProcAttr()
 	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
-	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Stdout, cmd.Stderr = &lockedWriter{w: out}, nil
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
+	p := &caddyProcess{URL: fmt.Sprintf("http://127.0.0.1:%d", port), AdminURL: adminURL, cmd: cmd, output: out, exited: exited}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -119,7 +144,7 @@ http://127.0.0.1:%d {
 			<-exited
 		}
 		if t.Failed() {
-			t.Logf("%s output:\n%s", name, out.String())
+			t.Logf("%s output:\n%s", name, p.logs())
 		}
 	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -132,15 +157,49 @@ http://127.0.0.1:%d {
 		}
 		select {
 		case <-exited:
-			t.Fatalf("%s exited at start:\n%s", name, out.String())
+			t.Fatalf("%s exited at start:\n%s", name, p.logs())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not listen on %s within 30s:\n%s", name, addr, out.String())
+			t.Fatalf("%s did not listen on %s within 30s:\n%s", name, addr, p.logs())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &caddyProcess{URL: "http://" + addr, cmd: cmd, output: out}
+	return p
+}
+
+// kill ends p at once with sig (SIGKILL: a node's death), and waits until
+// it has exited.
+func (p *caddyProcess) kill(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("caddy did not exit within 30s of %v", sig)
+	}
+}
+
+// logs is what p has written so far.
+func (p *caddyProcess) logs() string {
+	lw := p.cmd.Stdout.(*lockedWriter)
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return p.output.String()
+}
+
+// lockedWriter serialises a process's writes with the test's reads.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 func TestEndToEndTwoCaddiesOneRedis(t *testing.T) {

@@ -141,7 +141,7 @@ func (g *recordGiveBack) give(o outcome, done func()) {
 		g.h.complete(g.r.Context(), g.pending, resp, o.lost, done)
 		return
 	}
-	err := g.pending.Release(g.r.Context())
+	err := g.h.giveRecordBack(g.r.Context(), g.pending)
 	observeRelease(err)
 	done()
 	if err != nil && !errors.Is(err, engine.ErrNotHeld) {

@@ -30,7 +30,7 @@ func TestGiveRecordBackAfterRedisReturns(t *testing.T) {
 	})
 	ctx := context.Background()
 	key := engine.Key(h.Prefix, "", "given-back")
-	p, err := h.store.Begin(ctx, key, strings.Repeat("ab", 32), h.lockOptions())
+	p, err := h.store.Begin(ctx, key, strings.Repeat("ab", 32), time.Hour, h.lockOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +52,10 @@ func TestGiveRecordBackAfterRedisReturns(t *testing.T) {
 		return rdb.Exists(ctx, key).Val() == 0
 	})
 	t.Logf("given back %v after the way to Redis opened (lease 10s)", time.Since(resumed).Round(time.Millisecond))
-	if _, err := h.store.Begin(ctx, key, strings.Repeat("ab", 32), h.lockOptions()); err != nil {
-		t.Fatalf("a retry's begin after the give-back: %v", err)
-	}
 	if rdb.Exists(ctx, record.Key(key)).Val() != 0 {
-		t.Fatal("a record was left behind")
+		t.Fatal("the record in progress was left behind: abandoned once the lease ran out")
+	}
+	if _, err := h.store.Begin(ctx, key, strings.Repeat("ab", 32), time.Hour, h.lockOptions()); err != nil {
+		t.Fatalf("a retry's begin after the give-back: %v", err)
 	}
 }

@@ -127,7 +127,8 @@ var errClientLeft = errors.New("redis_lock: the client left before the lock was 
 
 // notTaken answers a request whose key was not taken: the stored answer
 // replayed, another request under the key (409, with Retry-After), another
-// request's key (422), or Redis's failure.
+// request's key (422), a record its holder left unfinished (502), or
+// Redis's failure.
 func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, k requestKey, err error, start time.Time) error {
 	var done *record.CompletedError
 	var busy *engine.NotObtainedError
@@ -140,6 +141,9 @@ func (h *Handler) notTaken(w http.ResponseWriter, r *http.Request, next caddyhtt
 		return h.replay(w, r, repl, done.Response)
 	case errors.Is(err, record.ErrMismatch):
 		return h.reject(w, repl, resultMismatch, problemMismatch)
+	case errors.Is(err, record.ErrAbandoned):
+		metrics.wait.Observe(time.Since(start).Seconds())
+		return h.abandoned(w, repl, k)
 	case errors.As(err, &busy):
 		metrics.wait.Observe(time.Since(start).Seconds())
 		p := problemInProgress

@@ -35,6 +35,7 @@ import (
 
 	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
+	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // caddyMu serialises the tests that load a config: Caddy runs one config per
@@ -449,6 +450,19 @@ func keyExists(t *testing.T, rdb *redis.Client, key string) bool {
 		t.Fatal(err)
 	}
 	return n == 1
+}
+
+// recordCompleted reports whether the record of lockKey holds an outcome
+// (not a request in progress, nor nothing).
+func recordCompleted(t *testing.T, rdb *redis.Client, lockKey string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	head, err := rdb.GetRange(ctx, record.Key(lockKey), 0, 0).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return head == "C"
 }
 
 // defaultKey is the Redis key of name with the default prefix and no scope.

@@ -106,7 +106,7 @@ func initMetrics() {
 	}, "step", settleWaited, settleBegunAgain)
 	metrics.givenUp = newLabelledBy(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "answers_given_up_total",
-		Help: "Answers a node could not store in Redis, by the record left in their place (outcome_unknown: Redis did not take the answer in time while the lock was held, and retries get 502; none: nothing stored, and a retry after the lease runs the request again).",
+		Help: "Answers a node could not store in Redis, by the record left in their place (outcome_unknown: Redis did not take the answer in time while the lock was held, and retries get 502; none: nothing stored; the record is left in progress, abandoned once its lease ends, and retries get 502).",
 	}, "record", givenUpUnknown, givenUpNone)
 }
 

@@ -172,6 +172,7 @@ type Handler struct {
 	releaseWarn *rateLimitedWarn // a release or a give-up that failed
 	storeWarn   *rateLimitedWarn // an answer that could not be stored
 	unackedWarn *rateLimitedWarn // an answer the replicas did not acknowledge
+	abandonWarn *rateLimitedWarn // a record its holder left unfinished
 	events      *events
 	holds       *holdTimes    // for Retry-After
 	redisMode   string        // resolved: for the admin API's list
@@ -197,6 +198,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// silence another.
 	h.unavailable, h.releaseWarn = new(rateLimitedWarn), new(rateLimitedWarn)
 	h.storeWarn, h.unackedWarn = new(rateLimitedWarn), new(rateLimitedWarn)
+	h.abandonWarn = new(rateLimitedWarn)
 	h.answersHeld = new(atomic.Int64)
 	ev, err := newEvents(ctx)
 	if err != nil {

@@ -118,7 +118,7 @@ func TestWarningKindsAreLimitedApart(t *testing.T) {
 	h := unitHandler(t, srv.Addr, nil) // provisioned: its limiters as Provision makes them
 	core, logs := observer.New(zap.WarnLevel)
 	l := zap.New(core)
-	kinds := []*rateLimitedWarn{h.unavailable, h.releaseWarn, h.storeWarn, h.unackedWarn}
+	kinds := []*rateLimitedWarn{h.unavailable, h.releaseWarn, h.storeWarn, h.unackedWarn, h.abandonWarn}
 	for i, w := range kinds {
 		for range 10 {
 			w.warn(l, "kind "+strconv.Itoa(i))

@@ -40,7 +40,7 @@ func TestAnswerStoredAsRedisComesBack(t *testing.T) {
 		}
 		up := time.Now() // Restart returns once Redis answers a PING
 		redistest.Eventually(t, 5*time.Second, name+"'s answer stored", func() bool {
-			return keyExists(t, rdb, record.Key(defaultKey(name)))
+			return recordCompleted(t, rdb, defaultKey(name))
 		})
 		took = append(took, time.Since(up))
 		again := s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", name)
@@ -183,7 +183,7 @@ func TestManyAnswersStoredAfterOutage(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		unstored = unstored[:0]
 		for i := range payments {
-			if !keyExists(t, rdb, record.Key(defaultKey(name(i)))) {
+			if !recordCompleted(t, rdb, defaultKey(name(i))) {
 				unstored = append(unstored, name(i))
 			}
 		}

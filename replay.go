@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/encode"
 	"github.com/klauspost/compress/zstd"
+	"go.uber.org/zap"
 
 	"github.com/reqlock/caddy-redis-lock/record"
 )
@@ -52,6 +53,21 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		_, _ = w.Write(body) // a failed write means the client is gone
 	}
 	return nil
+}
+
+// abandoned answers a request whose record its holder left unfinished
+// (record.ErrAbandoned): its node died, or was cut off from Redis past its
+// lease, while the request may have been at the backend. The answer is a
+// stored outcome-unknown's, as every retry gets until the holder's own
+// answer lands or an operator removes the record: a retry must not charge
+// again unseen.
+func (h *Handler) abandoned(w http.ResponseWriter, repl *caddy.Replacer, k requestKey) error {
+	h.count(repl, resultAbandoned)
+	h.events.emit(eventOutcomeUnknown, k.record, k.recordKey(), 0, resultAbandoned)
+	h.abandonWarn.warn(h.logger, "a retry of a request whose holder left it unfinished: answered 502 outcome-unknown; check the backend, then DELETE the record through the admin API (/redis_lock/keys) to let a retry run",
+		zap.String("record_key", k.recordKey()))
+	w.Header().Set(replayedHeader, "true")
+	return writeProblemBody(w, problemOutcomeUnknown)
 }
 
 // bodyAllowed: 1xx, 204 and 304 responses have no body.

@@ -18,6 +18,7 @@ const (
 	resultTooEarly    = "too_early"
 	resultReplayed    = "replayed"
 	resultMismatch    = "mismatch"
+	resultAbandoned   = "abandoned"
 )
 
 // results is the one list of results with their meanings: the metric's help
@@ -36,6 +37,7 @@ var results = []struct{ name, meaning string }{
 	{resultTooEarly, "425: TLS early data"},
 	{resultReplayed, "idempotency: answered from the stored response"},
 	{resultMismatch, "idempotency: 422, the key was used for another request"},
+	{resultAbandoned, "idempotency: 502 outcome-unknown, the key's record was left unfinished by its holder (its node died, or was cut off from Redis past its lease)"},
 }
 
 // resultNames lists the results' names, in order.

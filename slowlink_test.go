@@ -21,7 +21,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
-	"github.com/reqlock/caddy-redis-lock/record"
 )
 
 // slowAnswer is the size of the answers sent over the slow link.
@@ -140,7 +139,6 @@ func retrySlowly(t *testing.T, site *caddySite, rdb *redis.Client, proxy *redist
 	t.Helper()
 	const every = 400 * time.Millisecond
 	lockKey := defaultKey(key)
-	rkey := record.Key(lockKey)
 	run := slowLinkRun{counts: map[string]int{}}
 	throttled, expiryRetried := true, false
 	next := every
@@ -149,8 +147,8 @@ func retrySlowly(t *testing.T, site *caddySite, rdb *redis.Client, proxy *redist
 		// The lock first: complete.lua stores the answer and deletes the
 		// lock in one step, so a lock seen gone with no record after it
 		// is a lease that ran out first.
-		expired := !keyExists(t, rdb, lockKey) && !keyExists(t, rdb, rkey)
-		if throttled && keyExists(t, rdb, rkey) {
+		expired := !keyExists(t, rdb, lockKey) && !recordCompleted(t, rdb, lockKey)
+		if throttled && recordCompleted(t, rdb, lockKey) {
 			// A replay over the slow link is a begin whose reply is the
 			// whole record: the begin's own timeout cannot carry it.
 			// Not what this test is about: the link is restored.
@@ -175,7 +173,7 @@ func retrySlowly(t *testing.T, site *caddySite, rdb *redis.Client, proxy *redist
 			t.Fatalf("retry at %v: %v", at, err)
 		}
 		kind := retryKind(t, r, first, at)
-		if kind == "unavailable" && !(throttled && keyExists(t, rdb, rkey)) {
+		if kind == "unavailable" && !(throttled && recordCompleted(t, rdb, lockKey)) {
 			t.Fatalf("retry at %v: 503 while no record was stored: %s", at, r)
 		}
 		run.counts[kind]++

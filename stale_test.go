@@ -25,12 +25,14 @@ import (
 
 // TestStaleHolderNeverStoresOverLaterRun: node A's charge is answered while
 // Redis is down, and its completion is retried in the background. Redis
-// comes back from its AOF after the lease, a retry on node B runs the charge
-// again (allowed: the first answer was never stored), and while B runs, A's
-// retried completion reaches Redis (A's way there was cut until then). A's
-// lease ran out: its completion must be the checked one, refused because B
-// holds the key, so that a retry meanwhile gets 409 in-progress and every
-// later one B's answer.
+// comes back from its AOF after the lease, with A's record in progress and
+// its lock gone: abandoned, so a retry on node B is answered 502
+// outcome-unknown and runs nothing. An operator removes the record (having
+// checked the backend), a retry on B runs the charge again, and while B
+// runs, A's retried completion reaches Redis (A's way there was cut until
+// then). A's lease ran out: its completion must be the checked one, refused
+// because B holds the key, so that a retry meanwhile gets 409 in-progress
+// and every later one B's answer.
 func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, "--appendonly", "yes")
@@ -108,14 +110,21 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	}
 
 	// (2) Redis restarts from its AOF once the lease has run out (it was
-	// last renewed before the kill), and a retry on node B runs the charge
-	// again: the first answer was never stored.
+	// last renewed before the kill): the record is abandoned, and a retry on
+	// node B is answered outcome-unknown. Once the record is removed (an
+	// operator's DELETE), a retry runs the charge again.
 	time.Sleep(time.Until(killed.Add(ttl + 300*time.Millisecond)))
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := redistest.Do(ctx, srv.Addr, nil, "EXISTS", engine.CounterKey(lockKey), lockKey, record.Key(lockKey)); err != nil || v != int64(1) {
-		t.Fatalf("after the restart: %v %v keys of fencing counter, lock and record; want the counter only (data kept, lease over)", v, err)
+	if v, err := redistest.Do(ctx, srv.Addr, nil, "EXISTS", engine.CounterKey(lockKey), lockKey, record.Key(lockKey)); err != nil || v != int64(2) {
+		t.Fatalf("after the restart: %v %v keys of fencing counter, lock and record; want the counter and the record (data kept, lease over)", v, err)
+	}
+	if r := pay(b); expectProblem(t, r, http.StatusBadGateway).Type != problemTypeBase+"outcome-unknown" || be.executions(key) != 1 {
+		t.Fatalf("a retry on B of the abandoned record: %s, %d executions; want 502 outcome-unknown and no run", r, be.executions(key))
+	}
+	if _, err := redistest.Do(ctx, srv.Addr, nil, "DEL", record.Key(lockKey)); err != nil {
+		t.Fatal(err)
 	}
 	second := payAsync(b)
 	// The backend counts a charge after it is entered: count what entered.
@@ -133,12 +142,12 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	if err := gateA.Open(); err != nil {
 		t.Fatal(err)
 	}
-	// Done when A's record was stored unchecked or its checked completion
-	// (complete.lua, which only a holder past its lease runs) has run.
+	// Done when A's record was stored or its completion (complete.lua,
+	// whose cache the restart emptied) has run.
 	redistest.Eventually(t, 5*time.Second, "node A's completion reaches Redis", func() bool {
-		stored, _ := redistest.Do(ctx, srv.Addr, nil, "EXISTS", record.Key(lockKey))
+		head, _ := redistest.Do(ctx, srv.Addr, nil, "GETRANGE", record.Key(lockKey), "0", "0")
 		checked, _ := redistest.Do(ctx, srv.Addr, nil, "SCRIPT", "EXISTS", completeSHA)
-		return stored == int64(1) || fmt.Sprint(checked) == "[1]"
+		return head == "C" || fmt.Sprint(checked) == "[1]"
 	})
 	for name, s := range map[string]*caddySite{"A": a, "B": b} {
 		r := pay(s)
@@ -167,39 +176,37 @@ func TestStaleHolderNeverStoresOverLaterRun(t *testing.T) {
 	}
 }
 
-// A lock taken by another request while an answer is being stored, and
-// given back (the begin of a duplicate that got 503 during a Redis pause
-// reaches Redis first when it runs again, and its handler frees it): the
-// answer is stored once the key is free, so the retry gets it instead of
-// running again.
-func TestAnswerStoredAfterAnotherGivesTheKeyBack(t *testing.T) {
+// A holder that comes back after its lease (ttl 300ms, renew off: as after
+// a long pause) finds its record abandoned, not taken: a retry meanwhile is
+// answered 502 outcome-unknown and runs nothing, and the holder's own
+// answer, when it lands, replaces the abandoned record, so that every later
+// retry gets it. The backend runs once.
+func TestLateHolderAnswerReplacesAbandoned(t *testing.T) {
 	t.Parallel()
 	srv, rdb := newRedis(t)
 	be := chargeBackend(t)
 	s := startCaddySite(t, paySite(srv.Addr, be.hostPort(),
 		lockLines("ttl 300ms", "renew off", "lost_lock continue"), storedAnswers()), siteOptions{})
-	key := defaultKey("ghosted")
+	key := defaultKey("late-holder")
 	done := make(chan *response, 1)
-	go func() { done <- s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "ghosted") }()
+	go func() { done <- s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "late-holder") }()
 	be.waitEntered(t, 5*time.Second)
 	redistest.Eventually(t, 5*time.Second, "the lease to run out", func() bool { return !keyExists(t, rdb, key) })
-	holdLock(t, rdb, key, 10*time.Second) // the other request
+	during := s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "late-holder")
+	if p := expectProblem(t, during, http.StatusBadGateway); !strings.HasSuffix(p.Type, "#outcome-unknown") ||
+		during.Header.Get(shouldRetryHeader) != "false" || during.Header.Get(replayedHeader) != "true" {
+		t.Fatalf("a retry while the holder is past its lease: %s, want the stored outcome-unknown answer", during)
+	}
+	if keyExists(t, rdb, key) {
+		t.Fatal("the retry of an abandoned record took its lock")
+	}
 	first := <-done
 	if first.Status != http.StatusOK {
 		t.Fatalf("first: %s", first)
 	}
-	time.Sleep(300 * time.Millisecond) // the completion meets the held key
-	if keyExists(t, rdb, record.Key(key)) {
-		t.Fatal("an answer was stored while another request held the key")
-	}
-	if err := rdb.Del(context.Background(), key).Err(); err != nil { // given back
-		t.Fatal(err)
-	}
-	redistest.Eventually(t, 2*time.Second, "the answer stored once the key is free", func() bool {
-		return keyExists(t, rdb, record.Key(key))
-	})
-	again := s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "ghosted")
-	if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body || be.executions("ghosted") != 1 {
-		t.Fatalf("retry: %s, %d runs; want the first answer replayed", again, be.executions("ghosted"))
+	redistest.Eventually(t, 2*time.Second, "the late answer stored", func() bool { return recordCompleted(t, rdb, key) })
+	again := s.do("POST", "/pay/slow", `{}`, "Idempotency-Key", "late-holder")
+	if again.Header.Get(replayedHeader) != "true" || again.Body != first.Body || be.executions("late-holder") != 1 {
+		t.Fatalf("retry: %s, %d runs; want the first answer replayed", again, be.executions("late-holder"))
 	}
 }

@@ -113,7 +113,7 @@ func (r *recordStore) lockCycle(ctx context.Context, key string) error {
 }
 
 func (r *recordStore) execute(ctx context.Context, key string) error {
-	lk, err := r.s.Begin(ctx, key, fingerprint, engine.Options{TTL: ttl})
+	lk, err := r.s.Begin(ctx, key, fingerprint, time.Hour, engine.Options{TTL: ttl})
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -121,7 +121,7 @@ func (r *recordStore) execute(ctx context.Context, key string) error {
 }
 
 func (r *recordStore) replay(ctx context.Context, key string) error {
-	_, err := r.s.Begin(ctx, key, fingerprint, engine.Options{TTL: ttl})
+	_, err := r.s.Begin(ctx, key, fingerprint, time.Hour, engine.Options{TTL: ttl})
 	var done *record.CompletedError
 	if !errors.As(err, &done) {
 		return fmt.Errorf("begin of a completed key: %v, want its answer", err)

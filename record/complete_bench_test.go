@@ -25,7 +25,7 @@ func BenchmarkCompleteWhileRedisAway(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	p, err := s.Begin(ctx, engine.Key("bench:", "", b.Name()), fp("body"), engine.Options{TTL: time.Minute})
+	p, err := s.Begin(ctx, engine.Key("bench:", "", b.Name()), fp("body"), time.Hour, engine.Options{TTL: time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -45,8 +45,12 @@ type Inspection struct {
 	Fence   int64
 	LockTTL time.Duration
 	// InProgress: the holder is a request whose outcome is to be stored
-	// (Begin's lock, which keeps its fingerprint).
+	// (Begin's lock, with the record in progress beside it).
 	InProgress bool
+	// Abandoned: the record is in progress and its holder's lock is gone
+	// (ErrAbandoned): a retry is answered that its outcome is unknown
+	// until its holder stores it or Remove removes it.
+	Abandoned bool
 	// Record is the stored outcome, nil when there is none; it expires in
 	// RecordTTL.
 	Record    *Response
@@ -98,6 +102,7 @@ func (s *Store) onEvery(f func(i int, n *engine.Redis)) {
 func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 	var in Inspection
 	var errs []error
+	abandoned := 0
 	for _, n := range nodes {
 		if n.Err != nil {
 			errs = append(errs, &engine.NodeError{Node: n.Name, Err: n.Err})
@@ -107,7 +112,12 @@ func (s *Store) summarise(nodes []NodeInspection) (Inspection, error) {
 			in.Record, in.RecordTTL = n.Record, n.RecordTTL
 		}
 		in.Unreadable = in.Unreadable || n.Unreadable
+		if n.Abandoned {
+			abandoned++
+		}
 	}
+	// A retry is refused as abandoned when a majority says so (Begin).
+	in.Abandoned = in.Record == nil && abandoned >= s.quorum
 	if in.Record != nil {
 		in.Unreadable = false
 	}
@@ -153,19 +163,19 @@ func inspectOn(ctx context.Context, n *engine.Redis, lockKey string) (Inspection
 		name, _ := fields[i].(string)
 		val, _ := fields[i+1].(string)
 		switch {
-		case strings.HasPrefix(name, "fp:"):
-			in.InProgress = true
 		case !strings.Contains(name, ":"): // the holder's token
 			in.Held, in.holder = true, name
 			in.Fence, _ = strconv.ParseInt(val, 10, 64)
 		}
 	}
-	in.InProgress = in.InProgress && in.Held
 	if pttl, _ := reply[1].(int64); in.Held && pttl > 0 {
 		in.LockTTL = time.Duration(pttl) * time.Millisecond
 	}
 	if v, ok := reply[2].(string); ok {
-		if _, resp, err := decode([]byte(v)); err == nil {
+		if holder, ok := inProgress([]byte(v)); ok {
+			in.InProgress = in.Held && holder == in.holder
+			in.Abandoned = !in.Held
+		} else if _, resp, err := decode([]byte(v)); err == nil {
 			in.Record = resp
 		} else {
 			in.Unreadable = true

@@ -20,7 +20,7 @@ func TestRedlockCompleteNearDeadlineIsChecked(t *testing.T) {
 	s, masters := newRedlockStore(t) // CallTimeout 2s
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "redlock-near-deadline")
-	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 3 * time.Second, Renew: engine.NoRenew})
+	p, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 3 * time.Second, Renew: engine.NoRenew})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // Remove never touches a key whose lock is held: a request in progress
-// (Begin's lock, no record yet) and a lock-only holder of a key with a
+// (Begin's lock, its record in progress) and a lock-only holder of a key with a
 // record are both refused with ErrHeld, the lock and the record left as
 // they are. Once the lock is released the record is removed.
 func TestRemoveRefusesHeldLock(t *testing.T) {
@@ -19,15 +19,15 @@ func TestRemoveRefusesHeldLock(t *testing.T) {
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "remove-held")
 
-	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
+	p, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Remove(ctx, key); !errors.Is(err, ErrHeld) {
 		t.Fatalf("Remove of a request in progress: %v, want ErrHeld", err)
 	}
-	if got := rdb.HGet(ctx, key, fingerprintField(p.Token())).Val(); got != fp("a") {
-		t.Fatalf("the request in progress lost its fingerprint (%q) to Remove", got)
+	if got := rdb.Get(ctx, Key(key)).Val(); got != "P"+fp("a")+p.Token() {
+		t.Fatalf("the request in progress lost its record (%q) to Remove", got)
 	}
 	if err := p.Complete(ctx, okResponse, time.Hour); err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func TestRedlockRemoveRefusesLockOnOneMaster(t *testing.T) {
 	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "redlock-remove-held")
-	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
+	p, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

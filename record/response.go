@@ -24,6 +24,10 @@ const (
 	// reset, lost lock): the request may or may not have taken effect.
 	// Body holds the answer that says so.
 	Unknown Outcome = 'U'
+	// Abandoned is not a completed record's: it is what Remove reports of
+	// a record in progress whose holder's lease ran out before it stored
+	// an outcome (ErrAbandoned): the request may or may not have run.
+	Abandoned Outcome = 'A'
 )
 
 // Response is a completed request as stored.
@@ -81,9 +85,27 @@ var errCorrupt = errors.New("record: stored response is corrupt")
 // fingerprint, the version, the outcome and the status.
 const headLen = 1 + fingerprintLen + 4
 
+// inProgressLen is the length of a record in progress: 'P', the
+// fingerprint, and its holder's token (a UUID).
+const inProgressLen = 1 + fingerprintLen + 36
+
+// inProgress reports whether b is a record in progress, and its holder's
+// token.
+func inProgress(b []byte) (holder string, ok bool) {
+	if len(b) != inProgressLen || b[0] != 'P' {
+		return "", false
+	}
+	return string(b[1+fingerprintLen:]), true
+}
+
 // decodeHead reads the outcome and status of a completed record from its
-// head (at least headLen bytes of it).
+// head (at least headLen bytes of it). A record in progress is
+// Abandoned: what Remove, which never removes one whose lock is held,
+// deletes.
 func decodeHead(b []byte) (Outcome, int, error) {
+	if len(b) > 0 && b[0] == 'P' {
+		return Abandoned, 0, nil
+	}
 	if len(b) < headLen || b[0] != 'C' {
 		return 0, 0, errCorrupt
 	}

@@ -37,7 +37,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			opt := engine.Options{TTL: time.Minute}
 			key := func(i int) string { return engine.Key("test:", client, strconv.Itoa(i)) }
 			execute := func(k string) error {
-				lk, err := s.Begin(ctx, k, fp("a"), opt)
+				lk, err := s.Begin(ctx, k, fp("a"), time.Hour, opt)
 				if err != nil {
 					return fmt.Errorf("Begin of a new key: %w", err)
 				}
@@ -45,13 +45,13 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			}
 			replay := func(k string) error {
 				var done *CompletedError
-				if _, err := s.Begin(ctx, k, fp("a"), opt); !errors.As(err, &done) {
+				if _, err := s.Begin(ctx, k, fp("a"), time.Hour, opt); !errors.As(err, &done) {
 					return fmt.Errorf("Begin of a completed key: %v, want its stored answer", err)
 				}
 				return nil
 			}
 			giveUp := func(k string) error {
-				lk, err := s.Begin(ctx, k, fp("a"), opt)
+				lk, err := s.Begin(ctx, k, fp("a"), time.Hour, opt)
 				if err != nil {
 					return fmt.Errorf("Begin of a new key: %w", err)
 				}
@@ -83,7 +83,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 			}{
 				{"executed request (Begin, Complete)", execute, 0, 2, []string{"evalsha", "evalsha"}},
 				{"replay (Begin of a completed key)", replay, 0, 1, []string{"evalsha"}},
-				{"request given up (Begin, Release)", giveUp, 100, 2, []string{"evalsha", "hdel"}},
+				{"request given up (Begin, Release)", giveUp, 100, 2, []string{"evalsha", "evalsha"}},
 			} {
 				want := tc.want
 				for i := range n {
@@ -129,12 +129,13 @@ func countedStore(t *testing.T, addr string, autopipeline bool) (*Store, *redist
 
 // checkServerCalls checks that the server agrees with the client's count
 // of n requests of each kind: a script per Begin (n executed, n replays, n
-// given up) and per completion, a SET per completion (and one per new lock
-// in the Begin script, for its fencing counter), an HDEL per completion and
-// per give-up, and no EVAL (the scripts stayed cached).
+// given up), per completion and per give-up; two SETs per new lock in the
+// Begin script (its fencing counter, the record in progress) and one per
+// completion; an HDEL per completion and per give-up, a DEL of the record
+// per give-up; and no EVAL (the scripts stayed cached).
 func checkServerCalls(t *testing.T, addr string, n int) {
 	t.Helper()
-	for cmd, want := range map[string]int{"evalsha": 4 * n, "set": n + 2*n, "hdel": 2 * n} {
+	for cmd, want := range map[string]int{"evalsha": 5 * n, "set": 2*2*n + n, "hdel": 2 * n, "del": n} {
 		if got := redistest.Calls(t, addr, cmd); got != want {
 			t.Fatalf("server saw %d %s, want %d", got, strings.ToUpper(cmd), want)
 		}

@@ -9,8 +9,7 @@ import (
 	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 )
 
-// Refresh is the lock's own script, and completing a request that still
-// holds its lock and giving one up are native commands (see Store).
+// The record's scripts; its lock is refreshed with the lock's own.
 var (
 	//go:embed begin.lua
 	beginSrc    string
@@ -19,6 +18,10 @@ var (
 	//go:embed complete.lua
 	completeSrc    string
 	completeScript = redisscript.New(completeSrc)
+
+	//go:embed release.lua
+	releaseSrc    string
+	releaseScript = redisscript.New(releaseSrc)
 )
 
 // notObtained is the error of a lock another request holds for remaining.
@@ -26,12 +29,16 @@ func notObtained(remaining time.Duration) error {
 	return &engine.NotObtainedError{Remaining: remaining}
 }
 
-// releaseFields deletes token and fields of the lock key on node (one
-// HDEL), or returns engine.ErrNotHeld when the lock is not token's.
-func releaseFields(ctx context.Context, node *engine.Redis, key, token string, fields ...string) error {
-	released, err := node.Conn().ReleaseFields(ctx, key, token, fields...)
-	if err == nil && !released {
+// giveUp runs release.lua on node: keys are the lock's, the record's and,
+// for a give-back, the token's mark; args the token and the mark's
+// lifetime. It returns engine.ErrNotHeld when nothing was the holder's.
+func giveUp(ctx context.Context, node *engine.Redis, keys []string, token string, markFor ...any) error {
+	cmd, err := node.Conn().Run(ctx, releaseScript, keys, append([]any{token}, markFor...)...)
+	if err != nil && !redisscript.Unreplicated(err) {
+		return redisscript.Classify(ctx, err)
+	}
+	if n, _ := cmd.Int64(); n == 0 {
 		return engine.ErrNotHeld
 	}
-	return err
+	return redisscript.Classify(ctx, err)
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/reqlock/caddy-redis-lock/internal/engine"
 	"github.com/reqlock/caddy-redis-lock/internal/quorum"
 	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
@@ -18,6 +16,14 @@ var (
 	// ErrMismatch: the key has a record of a request with another
 	// fingerprint (the same key reused for a different request).
 	ErrMismatch = errors.New("record: idempotency key reused with another request")
+	// ErrAbandoned: the key's record is in progress and its lock is gone:
+	// its holder's lease ran out before it stored an outcome or gave the
+	// record back (the holder died, or was cut off from Redis). The
+	// request may have run, so nobody runs it again: the record is kept
+	// for its retention, until its holder stores the real outcome or an
+	// operator removes it (Remove). In Redlock mode a majority of the
+	// masters decides (it is an engine.ErrByMajority).
+	ErrAbandoned error = abandonedError{}
 	// ErrNotStored: Complete found the record no longer ours (its lease
 	// ran out and another request took the key).
 	ErrNotStored = errors.New("record: outcome not stored, the record is no longer ours")
@@ -27,6 +33,16 @@ var (
 	// tried again then stores the outcome.
 	ErrKeyHeld = fmt.Errorf("%w: another request holds the key", ErrNotStored)
 )
+
+// abandonedError is ErrAbandoned: an answer a majority of Redlock's
+// masters must give to decide a Begin.
+type abandonedError struct{}
+
+func (abandonedError) Error() string {
+	return "record: the request's holder left it unfinished: its outcome is unknown"
+}
+
+func (abandonedError) Is(target error) bool { return target == engine.ErrByMajority }
 
 // CompletedError is what Begin returns when the key's request has already
 // completed with the same fingerprint: its stored Response.
@@ -65,8 +81,9 @@ func NewStore(c *engine.Client) (*Store, error) {
 // lock, and the fingerprint that its outcome is stored with. It is what
 // Begin gives and what Complete or Release ends: Release gives the request
 // up with nothing to keep (the backend was never reached, or answered "try
-// again"), deleting the lock and the fingerprint in it, so that a retry
-// runs.
+// again"), deleting the lock and the record in progress, so that a retry
+// runs. A Pending that is neither completed nor released (its process
+// died) leaves its record abandoned once its lease runs out (ErrAbandoned).
 type Pending struct {
 	*engine.Lock
 	store       *Store
@@ -80,23 +97,30 @@ type Pending struct {
 
 // Begin starts the request with fingerprint under key (a lock key), in one
 // round trip. When the request is new, it returns it Pending: the lock
-// held, the record now in progress beside it. Otherwise it returns a *CompletedError
-// with the stored response, ErrMismatch when the key's record has another
-// fingerprint, or a *engine.NotObtainedError while another request with the
+// held, the record in progress beside it, kept for retention (at least the
+// lease) unless Complete or Release ends it. Otherwise it returns a
+// *CompletedError with the stored response, ErrMismatch when the key's
+// record has another fingerprint, ErrAbandoned when its holder left it
+// unfinished, or a *engine.NotObtainedError while another request with the
 // same fingerprint is in progress (after opt.Wait, during which a
-// completion ends the wait with its response). fingerprint is 64 hex
-// digits (a SHA-256).
-func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.Options) (*Pending, error) {
+// completion ends the wait with its response, and a lease that runs out
+// with ErrAbandoned). fingerprint is 64 hex digits (a SHA-256).
+func (s *Store) Begin(ctx context.Context, key, fingerprint string, retention time.Duration, opt engine.Options) (*Pending, error) {
 	if len(fingerprint) != fingerprintLen {
 		return nil, fmt.Errorf("record: fingerprint of %d characters, want %d", len(fingerprint), fingerprintLen)
 	}
+	ttl := opt.TTL
+	if ttl <= 0 {
+		ttl = engine.DefaultTTL
+	}
+	keep := max(retention, ttl).Milliseconds()
 	var b engine.Backend
 	if len(s.nodes) == 1 {
-		b = &begin{node: s.nodes[0], fingerprint: fingerprint}
+		b = &begin{node: s.nodes[0], fingerprint: fingerprint, keep: keep}
 	} else {
 		nodes := make([]engine.Master, len(s.nodes))
 		for i, n := range s.nodes {
-			nodes[i] = &begin{node: n, fingerprint: fingerprint}
+			nodes[i] = &begin{node: n, fingerprint: fingerprint, keep: keep}
 		}
 		rl, err := engine.NewRedlockOf(nodes, s.names)
 		if err != nil {
@@ -129,9 +153,13 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.O
 // the backend waits for acknowledged it in time (a failover may lose it:
 // call Complete again until it returns nil, while the lease lasts).
 //
-// It is one script (complete.lua), checked where it runs: unless another
-// request holds the key, SET NX GET stores the record, then HDEL releases
-// the lock's token and fingerprint. The check is made by Redis when the
+// It is one script (complete.lua), checked where it runs: while the record
+// is still p's in progress (or gone, and no other request holds the key),
+// SET stores the outcome over it, then HDEL releases the lock's token. The
+// record stays p's past its lease, since no other request begins over it
+// (ErrAbandoned), so the outcome of a holder that comes back late still
+// replaces the abandoned record: its retries were told the outcome is
+// unknown, which was true, and from then on get the real one. The check is made by Redis when the
 // script runs, not by the caller when it sends it: a command may reach
 // Redis long after it was sent (a Redis paused past the lease runs what
 // waited in its socket buffers when it resumes, its clock past the lease),
@@ -144,10 +172,10 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, opt engine.O
 // called again after an ErrUnavailable error, one call at a time, with a
 // resp left unchanged (its encoding is kept for the next call).
 //
-// In Redlock mode a completion whose lock is held by its own clock is still
-// the two native commands on each master (mayBeLost): a master where a
-// competing begin holds the lock still gets the record, so that it is on
-// every master.
+// In Redlock mode a completion whose lock is held on a majority by its own
+// clock (mayBeLost) is written over a competing begin's record in progress
+// on a master where that begin holds the lock, so that it is on every
+// master; a completed record is never written over.
 func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.Duration) error {
 	s, lk := p.store, p.Lock
 	if p.of != resp {
@@ -155,7 +183,7 @@ func (p *Pending) Complete(ctx context.Context, resp *Response, retention time.D
 	}
 	c := completion{value: p.encoded, retention: retention, bulk: Bulk(resp)}
 	timeout := s.tryTimeout(c.bulk, len(c.value))
-	c.native = len(s.nodes) > 1 && !s.mayBeLost(lk, timeout)
+	c.majority = len(s.nodes) > 1 && !s.mayBeLost(lk, timeout)
 	lk.Ending()
 	rctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
 	if timeout > 0 {
@@ -173,7 +201,7 @@ type completion struct {
 	value     []byte
 	retention time.Duration
 	bulk      bool // on a connection of its own (Bulk)
-	native    bool // SET NX GET and HDEL, not complete.lua (Redlock)
+	majority  bool // held on a majority of Redlock's masters: over a competing begin's record
 }
 
 // complete is one try of Complete on ctx, which cancel ends.
@@ -275,60 +303,43 @@ func (s *Store) mayBeLost(lk *engine.Lock, try time.Duration) bool {
 }
 
 // completeOn stores c's value as lk's record on node i and releases lk
-// there, with complete.lua or, when native, SET NX GET and HDEL; it reports
-// whether the record is lk's (stored now or by an earlier try).
+// there, with complete.lua; it reports whether the record is lk's (stored
+// now or by an earlier try).
 func (s *Store) completeOn(ctx context.Context, i int, lk *engine.Lock, c *completion) (bool, error) {
 	conn := s.nodes[i].Conn()
-	if !c.native {
-		run := conn.Run
-		if c.bulk {
-			run = conn.RunBulk
-		}
-		cmd, err := run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), c.retention.Milliseconds(), c.value)
-		if err != nil && !redisscript.Unreplicated(err) {
-			return false, &engine.NodeError{Node: s.names[i], Err: err}
-		}
-		v, _ := cmd.Int64()
-		if v == 2 { // nothing written: what the replicas say does not matter
-			err = errHeld
-		}
-		return v == 1, err
-	}
-	set := redis.NewStringCmd(ctx, "set", Key(lk.Key()), c.value, "px", c.retention.Milliseconds(), "nx", "get")
-	release := redis.NewIntCmd(ctx, "hdel", lk.Key(), lk.Token(), fingerprintField(lk.Token()), redisscript.WaitedField(lk.Token()))
-	var err error
+	run := conn.Run
 	if c.bulk {
-		err = conn.ProcessBulk(ctx, lk.Key(), set, release)
-	} else {
-		err = conn.ProcessAll(ctx, set, release)
+		run = conn.RunBulk
 	}
-	if err != nil && !errors.Is(err, redis.Nil) {
+	majority := "0"
+	if c.majority {
+		majority = "1"
+	}
+	cmd, err := run(ctx, completeScript, []string{lk.Key(), Key(lk.Key())}, lk.Token(), c.retention.Milliseconds(), c.value, majority)
+	if err != nil && !redisscript.Unreplicated(err) {
 		return false, &engine.NodeError{Node: s.names[i], Err: err}
 	}
-	if release.Val() == 3 {
-		conn.PublishRelease(ctx, lk.Key())
+	v, _ := cmd.Int64()
+	if v == 2 { // nothing written: what the replicas say does not matter
+		err = errHeld
 	}
-	old, err := set.Result()
-	return errors.Is(err, redis.Nil) || old == string(c.value), nil
+	return v == 1, err
 }
 
 // errHeld is completeOn's report of a key another request holds.
 var errHeld = errors.New("held by another request")
-
-// fingerprintField is the field of the lock that holds the fingerprint of
-// token's request while it runs.
-func fingerprintField(token string) string { return "fp:" + token }
 
 // begin is the Backend of one Begin on one Redis: the lock taken with the
 // record, and refreshed and released with it.
 type begin struct {
 	node        *engine.Redis
 	fingerprint string
+	keep        int64 // how long the record in progress lasts, in ms: the retention
 }
 
 func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Duration) (int64, error) {
 	conn := b.node.Conn()
-	args := []any{token, ttl.Milliseconds(), b.fingerprint, conn.Deadline(ctx)}
+	args := []any{token, ttl.Milliseconds(), b.fingerprint, conn.Deadline(ctx), b.keep}
 	if engine.Waiting(ctx) {
 		args = append(args, "1")
 	}
@@ -342,6 +353,8 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 		switch v[0] {
 		case 'M':
 			return 0, ErrMismatch
+		case 'A':
+			return 0, ErrAbandoned
 		case 'C':
 			_, resp, err := decode([]byte(v))
 			if err != nil {
@@ -353,26 +366,23 @@ func (b *begin) TryAcquire(ctx context.Context, key, token string, ttl time.Dura
 	return conn.Grant(ctx, cmd, err, notObtained)
 }
 
-// Refresh is the lock's: the fingerprint lives in the lock.
+// Refresh is the lock's: the record in progress lasts its retention.
 func (b *begin) Refresh(ctx context.Context, key, token string, ttl time.Duration) error {
 	return b.node.Refresh(ctx, key, token, ttl)
 }
 
-// Release gives the request up (Pending.Release): HDEL of the token and its
-// fingerprint, a native command that touches only this holder's fields.
+// Release gives the request up (Pending.Release): its record in progress
+// deleted and its lock released, if they are still this holder's
+// (release.lua).
 func (b *begin) Release(ctx context.Context, key, token string) error {
-	return releaseFields(ctx, b.node, key, token, fingerprintField(token))
+	return giveUp(ctx, b.node, []string{key, Key(key)}, token)
 }
 
 // GiveBack is Release for a Begin that did not answer in time, and may
-// still run: it also marks the token given back (engine.Redis's GiveBack), so
-// that a Begin that runs later takes nothing.
+// still run: it also marks the token given back (engine.GoneKey) for a
+// lease, so that a Begin that runs later takes nothing.
 func (b *begin) GiveBack(ctx context.Context, key, token string, ttl time.Duration) error {
-	released, err := b.node.Conn().GiveBackFields(ctx, key, engine.GoneKey(key, token), ttl, token, fingerprintField(token))
-	if err == nil && !released {
-		return engine.ErrNotHeld
-	}
-	return err
+	return giveUp(ctx, b.node, []string{key, Key(key), engine.GoneKey(key, token)}, token, max(ttl.Milliseconds(), 1))
 }
 
 // WatchRelease is the lock's: a completion publishes as a release does.

@@ -48,31 +48,34 @@ func TestBeginCompleteReplay(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "k1")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if lk.Fence() <= 0 {
 		t.Fatalf("fence %d", lk.Fence())
 	}
-	// In progress: the lock holds the fingerprint beside the token, with
-	// its lease; no record yet.
-	if got := rdb.HGetAll(ctx, key).Val(); len(got) != 2 || got["fp:"+lk.Token()] != fp("a") {
-		t.Fatalf("lock in progress %v, want the token and its fingerprint", got)
+	// In progress: the lock holds the token, with its lease; the record
+	// holds the fingerprint and the token, for the retention.
+	if got := rdb.HGetAll(ctx, key).Val(); len(got) != 1 || got[lk.Token()] == "" {
+		t.Fatalf("lock in progress %v, want the token alone", got)
 	}
 	if p := rdb.PTTL(ctx, key).Val(); p <= 9*time.Second || p > 10*time.Second {
 		t.Fatalf("lock PTTL %v, want the 10s lease", p)
 	}
-	if rdb.Exists(ctx, Key(key)).Val() != 0 {
-		t.Fatal("a record before completion")
+	if got := rdb.Get(ctx, Key(key)).Val(); got != "P"+fp("a")+lk.Token() {
+		t.Fatalf("record in progress %q, want P, the fingerprint and the token", got)
+	}
+	if p := rdb.PTTL(ctx, Key(key)).Val(); p <= 59*time.Minute || p > time.Hour {
+		t.Fatalf("record in progress PTTL %v, want the retention (1h)", p)
 	}
 	// A duplicate waits its turn, another request under the key is refused.
-	_, err = s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	_, err = s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	var ne *engine.NotObtainedError
 	if !errors.As(err, &ne) || ne.Remaining <= 9*time.Second {
 		t.Fatalf("duplicate in progress: %v, want NotObtained with the remaining lease", err)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), time.Hour, engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
 	}
 
@@ -88,12 +91,12 @@ func TestBeginCompleteReplay(t *testing.T) {
 	if p := rdb.PTTL(ctx, Key(key)).Val(); p <= 59*time.Minute {
 		t.Fatalf("completed record PTTL %v, want the 1h retention", p)
 	}
-	_, err = s.Begin(ctx, key, fp("a"), engine.Options{})
+	_, err = s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{})
 	var done *CompletedError
 	if !errors.As(err, &done) || !reflect.DeepEqual(done.Response, okResponse) {
 		t.Fatalf("after completion: %v, want the stored response %+v", err, okResponse)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), time.Hour, engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint after completion: %v, want ErrMismatch", err)
 	}
 }
@@ -104,7 +107,7 @@ func TestBeginWaitEndsWithCompletion(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "wait")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +116,7 @@ func TestBeginWaitEndsWithCompletion(t *testing.T) {
 		_ = lk.Complete(context.Background(), okResponse, time.Minute)
 	}()
 	start := time.Now()
-	_, err = s.Begin(ctx, key, fp("a"), engine.Options{Wait: 5 * time.Second})
+	_, err = s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{Wait: 5 * time.Second})
 	var done *CompletedError
 	if !errors.As(err, &done) || done.Response.Status != 201 {
 		t.Fatalf("waiting duplicate: %v, want the stored response", err)
@@ -128,7 +131,7 @@ func TestReleaseLetsRetryRun(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "abandon")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +141,7 @@ func TestReleaseLetsRetryRun(t *testing.T) {
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
 		t.Fatalf("%d keys left after Release: %v", n, rdb.HGetAll(ctx, key).Val())
 	}
-	lk2, err := s.Begin(ctx, key, fp("b"), engine.Options{TTL: 10 * time.Second})
+	lk2, err := s.Begin(ctx, key, fp("b"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("retry after Release: %v", err)
 	}
@@ -154,7 +157,7 @@ func TestRefreshKeepsRecord(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "long")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 600 * time.Millisecond})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 600 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +165,7 @@ func TestRefreshKeepsRecord(t *testing.T) {
 	if err := context.Cause(lk.Context()); err != nil {
 		t.Fatalf("lock lost: %v", err)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), time.Hour, engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint after two leases: %v, want ErrMismatch", err)
 	}
 	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
@@ -170,47 +173,55 @@ func TestRefreshKeepsRecord(t *testing.T) {
 	}
 }
 
-// A holder whose lease ran out stores its outcome only while nobody else
-// took the key: never over a later holder's record.
+// A holder whose lease ran out leaves its record abandoned: a later Begin
+// takes nothing and gets ErrAbandoned, and the holder's own outcome, when
+// it comes, replaces the abandoned record. Once an operator removed it and
+// a newer holder runs, the stale holder's outcome is never stored over it.
 func TestCompleteAfterLeaseLoss(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
 	noRenew := engine.Options{TTL: 200 * time.Millisecond, Renew: engine.NoRenew}
 
 	key := engine.Key("test:", "", "lost-alone")
-	lk, err := s.Begin(ctx, key, fp("a"), noRenew)
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, noRenew)
 	if err != nil {
 		t.Fatal(err)
 	}
-	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key, Key(key)).Val() == 0 })
+	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
 	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return lk.Context().Err() != nil })
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.Is(err, ErrAbandoned) {
+		t.Fatalf("a retry after the holder's lease ran out: %v, want ErrAbandoned", err)
+	}
+	if rdb.Exists(ctx, key).Val() != 0 {
+		t.Fatal("a Begin of an abandoned record took its lock")
+	}
 	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
-		t.Fatalf("late completion with the key free: %v, want stored", err)
+		t.Fatalf("late completion of an abandoned record: %v, want stored", err)
 	}
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("after a late completion: %v", err)
 	}
 
 	key = engine.Key("test:", "", "lost-taken")
-	old, err := s.Begin(ctx, key, fp("a"), noRenew)
+	old, err := s.Begin(ctx, key, fp("a"), time.Hour, noRenew)
 	if err != nil {
 		t.Fatal(err)
 	}
 	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
 	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return old.Context().Err() != nil })
-	newer, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	if outcome, err := s.Remove(ctx, key); err != nil || outcome != Abandoned {
+		t.Fatalf("Remove of the abandoned record: %c, %v; want it removed as Abandoned", outcome, err)
+	}
+	newer, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := old.Complete(ctx, &Response{Outcome: Replayable, Status: 500}, time.Minute); !errors.Is(err, ErrNotStored) {
 		t.Fatalf("late completion over a newer holder: %v, want ErrNotStored", err)
 	}
-	if rdb.Exists(ctx, Key(key)).Val() != 0 {
-		t.Fatal("the stale holder's outcome was stored while a newer holder runs")
-	}
-	if got := rdb.HGet(ctx, key, "fp:"+newer.Token()).Val(); got != fp("a") {
-		t.Fatalf("newer holder's fingerprint %q", got)
+	if got := rdb.Get(ctx, Key(key)).Val(); got != "P"+fp("a")+newer.Token() {
+		t.Fatalf("the record after a stale completion: %q, want the newer holder's in progress", got)
 	}
 	if err := context.Cause(newer.Context()); err != nil {
 		t.Fatalf("newer holder lost its lock: %v", err)
@@ -224,7 +235,7 @@ func TestBeginRetryIsIdempotent(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "retry")
-	b := &begin{node: s.nodes[0], fingerprint: fp("a")}
+	b := &begin{node: s.nodes[0], fingerprint: fp("a"), keep: time.Hour.Milliseconds()}
 	f1, err := b.TryAcquire(ctx, key, "token-1", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +263,7 @@ func TestBeginLeavesNothingWithoutTTL(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	s, _ := NewStore(engine.New(rdb, nil))
 	key := engine.Key("test:", "", "acl")
-	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.Is(err, engine.ErrUnavailable) {
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("Begin without PEXPIRE: %v, want ErrUnavailable", err)
 	}
 	if n := admin.Exists(ctx, key, Key(key)).Val(); n != 0 {
@@ -348,11 +359,11 @@ func TestRedlockRecords(t *testing.T) {
 	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "redlock")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Begin(ctx, key, fp("b"), engine.Options{}); !errors.Is(err, ErrMismatch) {
+	if _, err := s.Begin(ctx, key, fp("b"), time.Hour, engine.Options{}); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("other fingerprint in progress: %v, want ErrMismatch", err)
 	}
 	if err := lk.Complete(ctx, okResponse, time.Minute); err != nil {
@@ -366,7 +377,7 @@ func TestRedlockRecords(t *testing.T) {
 	}
 	masters[0].srv.Stop()
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("retry with a master down: %v, want the stored response", err)
 	}
 	// Only master 2 still has it: a completed record on any master is
@@ -374,7 +385,7 @@ func TestRedlockRecords(t *testing.T) {
 	if err := masters[1].rdb.Del(ctx, Key(key)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("retry with the record on one master: %v, want the stored response", err)
 	}
 	// Given back at once if master 1 answered before master 2, else once
@@ -389,7 +400,7 @@ func TestCompleteRetryCountsAsStored(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "complete-twice")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +422,7 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 	s, masters := newRedlockStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "redlock-replay")
-	lk, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: 10 * time.Second})
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +449,7 @@ func TestRedlockReplaySendsNoRelease(t *testing.T) {
 		})
 	}
 	var done *CompletedError
-	if _, err := s.Begin(ctx, key, fp("a"), engine.Options{}); !errors.As(err, &done) {
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.As(err, &done) {
 		t.Fatalf("replay: %v, want the stored response", err)
 	}
 	time.Sleep(300 * time.Millisecond) // for anything sent in the background
@@ -464,7 +475,7 @@ func TestBeginAfterGiveBackTakesNothing(t *testing.T) {
 	s, rdb := newStore(t)
 	ctx := ctxT(t)
 	key := engine.Key("test:", "", "given-back")
-	b := &begin{node: s.nodes[0], fingerprint: fp("a")}
+	b := &begin{node: s.nodes[0], fingerprint: fp("a"), keep: time.Hour.Milliseconds()}
 	if err := b.GiveBack(ctx, key, "t1", time.Minute); !errors.Is(err, engine.ErrNotHeld) {
 		t.Fatalf("give-back of a Begin that never ran: %v, want ErrNotHeld", err)
 	}
@@ -474,7 +485,7 @@ func TestBeginAfterGiveBackTakesNothing(t *testing.T) {
 	if n := rdb.Exists(ctx, key, Key(key)).Val(); n != 0 {
 		t.Fatalf("the late Begin left %d keys (lock fields %v)", n, rdb.HGetAll(ctx, key).Val())
 	}
-	p, err := s.Begin(ctx, key, fp("a"), engine.Options{TTL: time.Minute})
+	p, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatalf("the next Begin: %v", err)
 	}

@@ -26,6 +26,12 @@ var (
 	ErrLeaseExpired = fmt.Errorf("%w: local lease deadline passed", ErrNotHeld)
 	// ErrReleased is the cause of a lock context ended by Release.
 	ErrReleased = errors.New("redislock: lock released")
+	// ErrByMajority is matched by a backend's own answer that, in Redlock
+	// mode, ends an acquire only when a majority of the masters give it
+	// (package record's abandoned record: a master may keep one only
+	// because its holder never had the majority). Fewer count as
+	// refusals.
+	ErrByMajority = errors.New("redislock: an answer a majority of the masters decides")
 )
 
 // NotObtainedError carries how long the current holder's lease has left, so a

@@ -128,19 +128,21 @@ func (rl *Redlock) tryAcquire(ctx context.Context, key, token string, ttl time.D
 
 // votes are the masters' answers to one attempt.
 type votes struct {
-	answers   []*reply // by master; nil while it has not answered
-	granted   int
-	refused   int
-	fence     int64         // the largest that a granting master issued
-	remaining time.Duration // the longest lease a refusing master's holder has left
-	errs      []error       // a *NodeError for each master that failed
+	answers    []*reply // by master; nil while it has not answered
+	granted    int
+	refused    int
+	fence      int64         // the largest that a granting master issued
+	remaining  time.Duration // the longest lease a refusing master's holder has left
+	byMajority int           // refusals that decide the attempt from a majority (ErrByMajority)
+	errs       []error       // a *NodeError for each master that failed
 }
 
 // count reads replies until the attempt is decided: a majority granted it,
 // or too many masters refused or failed for a majority to be possible. It
-// returns early with an error when ctx ends (ErrUnavailable), or with a
+// returns early with an error when ctx ends (ErrUnavailable), with a
 // master's own answer (neither contention nor failure: a stored result),
-// which ends the attempt.
+// which ends the attempt, or with one that a majority of masters gave
+// (ErrByMajority).
 func (rl *Redlock) count(ctx context.Context, replies <-chan reply) (votes, error) {
 	v := votes{answers: make([]*reply, len(rl.nodes))}
 	for range rl.nodes {
@@ -159,6 +161,11 @@ func (rl *Redlock) count(ctx context.Context, replies <-chan reply) (votes, erro
 		case errors.As(r.err, &ne):
 			v.refused++
 			v.remaining = max(v.remaining, ne.Remaining)
+		case errors.Is(r.err, ErrByMajority):
+			v.refused++
+			if v.byMajority++; v.byMajority >= rl.quorum {
+				return v, r.err
+			}
 		case errors.Is(r.err, ErrUnavailable) || ctx.Err() != nil:
 			v.errs = append(v.errs, rl.nodeError(r.node, r.err))
 		default: // an answer of the node's own, such as a stored result

@@ -54,7 +54,7 @@ func TestRedialAfterRestartWithinBound(t *testing.T) {
 	var worst time.Duration
 	for trial := range redialTrials {
 		key := engine.Key(engine.DefaultPrefix, "", "redial-"+strconv.Itoa(trial))
-		lk, err := store.Begin(ctx, key, fingerprint, engine.Options{TTL: time.Minute})
+		lk, err := store.Begin(ctx, key, fingerprint, time.Hour, engine.Options{TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

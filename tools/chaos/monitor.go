@@ -98,8 +98,8 @@ func findPhantoms(dir string, execs []execution, ttl time.Duration) (phantoms, e
 		if err != nil {
 			continue
 		}
-		args := strings.Split(cmd, `" "`)
-		name := strings.ToUpper(strings.Trim(args[0], `"`))
+		args := strings.Split(strings.Trim(cmd, `"`), `" "`)
+		name := strings.ToUpper(args[0])
 		switch {
 		case name == "HSET" && strings.HasSuffix(who, " lua") && len(args) >= 4 && len(args[3]) == 16:
 			if _, seen := taken[args[2]]; !seen {

@@ -14,13 +14,13 @@ func TestFindPhantoms(t *testing.T) {
 	dir := t.TempDir()
 	log := `OK
 1.000000 [0 127.0.0.1:1] "evalsha" "sha" "4" "k1"
-1.000100 [0 lua] "HSET" "p:{a}k1" "tok-ran" "1000000000000001" "fp:tok-ran" "fp"
-1.100000 [0 lua] "HSET" "p:{b}k2" "tok-back" "1000000000000002" "fp:tok-back" "fp"
-1.200000 [0 127.0.0.1:2] "set" "p:{b}k2:gone:tok-back" "1" "px" "2000"
-1.200010 [0 127.0.0.1:2] "hdel" "p:{b}k2" "tok-back" "fp:tok-back" "w:tok-back"
-1.300000 [0 lua] "HSET" "p:{c}k3" "tok-left" "1000000000000003" "fp:tok-left" "fp"
-1.400000 [0 lua] "HSET" "p:{d}k4" "tok-late" "1000000000000004" "fp:tok-late" "fp"
-3.000000 [0 127.0.0.1:3] "set" "p:{d}k4:gone:tok-late" "1" "px" "2000"
+1.000100 [0 lua] "HSET" "p:{a}k1" "tok-ran" "1000000000000001"
+1.100000 [0 lua] "HSET" "p:{b}k2" "tok-back" "1000000000000002"
+1.200000 [0 lua] "SET" "p:{b}k2:gone:tok-back" "1" "PX" "2000"
+1.200010 [0 lua] "HDEL" "p:{b}k2" "tok-back" "w:tok-back"
+1.300000 [0 lua] "HSET" "p:{c}k3" "tok-left" "1000000000000003"
+1.400000 [0 lua] "HSET" "p:{d}k4" "tok-late" "1000000000000004"
+3.000000 [0 lua] "SET" "p:{d}k4:gone:tok-late" "1" "PX" "2000"
 `
 	if err := os.WriteFile(filepath.Join(dir, "redis-monitor.log"), []byte(log), 0o600); err != nil {
 		t.Fatal(err)

@@ -105,22 +105,22 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	key := lock.Key(demoPrefix, "", "order-1")
 	opt := engine.Options{TTL: 300 * time.Millisecond, Renew: 60 * time.Millisecond}
 
-	lk, err := store.Begin(ctx, key, fp("charge"), opt)
+	lk, err := store.Begin(ctx, key, fp("charge"), time.Hour, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var no *lock.NotObtainedError
-	if _, err := store.Begin(ctx, key, fp("charge"), opt); !errors.As(err, &no) || no.Remaining <= 0 {
+	if _, err := store.Begin(ctx, key, fp("charge"), time.Hour, opt); !errors.As(err, &no) || no.Remaining <= 0 {
 		t.Fatalf("duplicate in progress: %v, want NotObtained with a remaining lease", err)
 	}
-	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
+	if _, err := store.Begin(ctx, key, fp("another charge"), time.Hour, opt); !errors.Is(err, record.ErrMismatch) {
 		t.Fatalf("another request under the key: %v, want ErrMismatch", err)
 	}
 	time.Sleep(700 * time.Millisecond) // > 2 leases: only refresh keeps the lock and its fingerprint
 	if err := lk.Context().Err(); err != nil {
 		t.Fatalf("lock lost despite renewals: %v", context.Cause(lk.Context()))
 	}
-	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
+	if _, err := store.Begin(ctx, key, fp("another charge"), time.Hour, opt); !errors.Is(err, record.ErrMismatch) {
 		t.Fatalf("another request under the key after refreshes: %v, want ErrMismatch", err)
 	}
 
@@ -137,16 +137,16 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var done *record.CompletedError
-	if _, err := store.Begin(ctx, key, fp("charge"), opt); !errors.As(err, &done) || !reflect.DeepEqual(done.Response, resp) {
+	if _, err := store.Begin(ctx, key, fp("charge"), time.Hour, opt); !errors.As(err, &done) || !reflect.DeepEqual(done.Response, resp) {
 		t.Fatalf("retry after completion: %v, want the stored response", err)
 	}
-	if _, err := store.Begin(ctx, key, fp("another charge"), opt); !errors.Is(err, record.ErrMismatch) {
+	if _, err := store.Begin(ctx, key, fp("another charge"), time.Hour, opt); !errors.Is(err, record.ErrMismatch) {
 		t.Fatalf("another request under a completed key: %v, want ErrMismatch", err)
 	}
 	// The record expires after its retention, on the wall clock.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		next, err := store.Begin(ctx, key, fp("another charge"), opt)
+		next, err := store.Begin(ctx, key, fp("another charge"), time.Hour, opt)
 		if err == nil {
 			lk = next
 			break
@@ -163,7 +163,7 @@ func TestEmbeddedRedisRunsRecordScripts(t *testing.T) {
 	if n := rdb.Exists(ctx, key, record.Key(key)).Val(); n != 0 {
 		t.Fatalf("%d of the lock and record keys left after Release", n)
 	}
-	again, err := store.Begin(ctx, key, fp("charge"), opt)
+	again, err := store.Begin(ctx, key, fp("charge"), time.Hour, opt)
 	if err != nil {
 		t.Fatalf("begin after Release: %v", err)
 	}
