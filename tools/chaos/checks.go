@@ -25,6 +25,7 @@ const (
 	checkFencing     = "fencing"         // tokens strictly increase per key, and per account, across executions
 	checkKeyReused   = "key-reused"      // no 422 key-reused: every attempt of a key sends the same request
 	checkRerun       = "rerun"           // no execution once the key's answer was delivered or replayed
+	checkDeath       = "death-rerun"     // idempotency: no execution after one whose node was killed while it ran
 	checkBounded     = "bounded"         // every attempt answered in time, every client a definite answer
 	checkLeftovers   = "leftovers"       // no lock and no in-progress record left, a record per answered key
 )
@@ -47,6 +48,7 @@ type windows struct {
 	// machine.
 	tryInterval time.Duration
 	empty       []faultEvent // Redis restarted empty: locks and records lost
+	kills       []faultEvent // a Caddy node killed mid-request
 	outages     []faultEvent // Redis paused or down, or every node's link to it dead or held, then back with its data
 	cuts        []faultEvent // some nodes cut off from Redis, the others not
 }
@@ -60,6 +62,8 @@ func newWindows(faults []faultEvent, ttl, timeout time.Duration) windows {
 		switch f.Kind {
 		case redisRestartEmpty:
 			w.empty = append(w.empty, f)
+		case nodeKill:
+			w.kills = append(w.kills, f)
 		case redisPause, redisKillAOF, netRedisBlackHole, netRedisHold:
 			// A black hole or a hold on every node's link is Redis away for
 			// all of them, as a pause is: a hold delivers at the heal what
@@ -143,6 +147,28 @@ func (w windows) emptyCovers(t time.Time) bool {
 	return false
 }
 
+// killedWith returns the node kill that a was in flight at: its node killed
+// after it began at the backend and before its answer reached the node.
+func (w windows) killedWith(a execution) (faultEvent, bool) {
+	for _, f := range w.kills {
+		if f.Node == a.Node && a.Start.Before(f.Start) && (a.End.After(f.Start) || a.WriteErr != "") {
+			return f, true
+		}
+	}
+	return faultEvent{}, false
+}
+
+// lostWithData says whether a record written at or before t may have been
+// lost with Redis's data: an empty restart came after it.
+func (w windows) lostWithData(t time.Time) bool {
+	for _, f := range w.empty {
+		if f.Start.After(t) {
+			return true
+		}
+	}
+	return false
+}
+
 // overlapExcused says whether a, in flight when Redis lost its data, may
 // overlap b, which began after.
 func (w windows) overlapExcused(a, b execution) bool {
@@ -157,7 +183,8 @@ func (w windows) overlapExcused(a, b execution) bool {
 // redisState is what is left in Redis at the end.
 type redisState struct {
 	Locks      []string        // lock keys, with their fields and TTL
-	InProgress []string        // records that are not completed
+	InProgress []string        // records that are not completed, their lock held (or unreadable)
+	Abandoned  []string        // records in progress whose lock is gone
 	Records    map[string]bool // completed record keys
 	Counters   int
 	GoneMarks  int // marks of tokens given back (lock.GoneKey), which live a lease
@@ -179,9 +206,13 @@ func scanRedis(ctx context.Context, addr string) redisState {
 			st.GoneMarks++
 		case strings.HasSuffix(k, ":result"):
 			first, err := c.GetRange(ctx, k, 0, 0).Result()
-			if err == nil && first == "C" {
+			lock := strings.TrimSuffix(k, ":result")
+			switch held, herr := c.Exists(ctx, lock).Result(); {
+			case err == nil && first == "C":
 				st.Records[k] = true
-			} else {
+			case err == nil && herr == nil && first == "P" && held == 0:
+				st.Abandoned = append(st.Abandoned, k)
+			default:
 				st.InProgress = append(st.InProgress, fmt.Sprintf("%s (first byte %q, %v)", k, first, err))
 			}
 		default:
@@ -349,6 +380,27 @@ func check(rec runRecord) ([]violation, excusals) {
 				add(checkFencing, k, "%s (node %d, %s) has fence %d, not above %s's %d (node %d, %s..%s, %s)",
 					b.ID, b.Node, at(b.Start), b.Fence, a.ID, a.Fence, a.Node, at(a.Start), at(a.End), answered(a))
 			}
+			// A run after one that died with its node (idempotency): its
+			// record was abandoned, and nothing may run it again, unless
+			// the backend said it did not process it or Redis lost the
+			// record with its data.
+			if rec.Idempotency {
+				for i := range j {
+					a := ex[i]
+					f, died := w.killedWith(a)
+					switch {
+					case !died || notProcessed(a.Status):
+					case w.lostWithData(a.Start) || w.emptyCovers(b.Start):
+						excused.Counts["re-runs after a node's death across an empty restart"]++
+					default:
+						add(checkDeath, k, "%s ran (node %d, %s, fence %d) after %s (node %d, %s..%s, fence %d) died with node %d killed at %s",
+							b.ID, b.Node, at(b.Start), b.Fence, a.ID, a.Node, at(a.Start), at(a.End), a.Fence, f.Node, at(f.Start))
+					}
+					if died {
+						break
+					}
+				}
+			}
 			// The earliest answer delivered before b began, outside the windows.
 			ds := deliveries[k]
 			sort.Slice(ds, func(i, j int) bool { return ds[i].End.Before(ds[j].End) })
@@ -412,6 +464,11 @@ func check(rec runRecord) ([]violation, excusals) {
 	for _, r := range rec.End.InProgress {
 		add(checkLeftovers, "", "record not completed at the end: %s", r)
 	}
+	for _, r := range rec.End.Abandoned {
+		if !killedMidRequest(rec.Clients, w, r) {
+			add(checkLeftovers, "", "record abandoned at the end, with no node killed under it: %s", r)
+		}
+	}
 	if rec.Idempotency && rec.End.Err == "" {
 		var lastEmpty time.Time
 		for _, f := range w.empty {
@@ -439,6 +496,25 @@ func check(rec runRecord) ([]violation, excusals) {
 		}
 	}
 	return vs, excused
+}
+
+// killedMidRequest says whether rkey, a record left abandoned at the end,
+// belongs to a key an attempt of which was on a node when it was killed:
+// its request may have been anywhere between the begin and the backend.
+func killedMidRequest(clients []clientResult, w windows, rkey string) bool {
+	for _, c := range clients {
+		for _, a := range c.Attempts {
+			if recordKeyOf(a.Key) != rkey {
+				continue
+			}
+			for _, f := range w.kills {
+				if f.Node == a.Node && a.Start.Before(f.Start) && !a.End.Before(f.Start) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // whyAccountEmpty is the excuse of two executions of an account at once

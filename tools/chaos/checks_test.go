@@ -79,6 +79,13 @@ func TestChecks(t *testing.T) {
 	cut := faultEvent{Kind: netRedisPartition, Nodes: []int{0, 2}, Start: ms(50), Back: ms(240), Return: ms(250)}
 	fromNode := func(a attempt, node int) attempt { a.Node = node; return a }
 	gaveUp := clientResult{Key: "k", Client: 2, Attempts: []attempt{{Key: "k", Client: 2, Status: 409, Start: ms(10), End: ms(20)}}}
+	kill := faultEvent{Kind: nodeKill, Node: 1, Start: ms(50), Return: ms(1050)}
+	dying := ex("ex_1", 10, 0, 100) // node 1's, killed at 50ms: its answer never reached the node
+	dying.Node, dying.WriteErr = 1, "broken pipe"
+	dying503 := dying
+	dying503.Status = 503
+	killedAttempt := attempt{Key: "k", Node: 1, Start: ms(0), End: ms(50), Err: "EOF"}
+	abandonedAtEnd := redisState{Records: map[string]bool{}, Abandoned: []string{recordKeyOf("k")}}
 
 	tests := []struct {
 		name    string
@@ -117,6 +124,28 @@ func TestChecks(t *testing.T) {
 			rec: runRecord{Execs: []execution{e1, e2}, Clients: clients(attempt{Key: "k", Status: 502, Problem: "outcome-unknown",
 				Start: ms(0), End: ms(120)})},
 			want: map[string]int{checkRerun: 1}},
+		{name: "idempotency: a run after one that died with its node",
+			rec:  runRecord{Execs: []execution{dying, e2}, Faults: []faultEvent{kill}, Idempotency: true},
+			want: map[string]int{checkDeath: 1}},
+		{name: "lock only: a run after one that died with its node is the documented limit",
+			rec:  runRecord{Execs: []execution{dying, e2}, Faults: []faultEvent{kill}},
+			want: map[string]int{}},
+		{name: "a run after one that died with its node, past the backend's not-processed 503",
+			rec:  runRecord{Execs: []execution{dying503, e2}, Faults: []faultEvent{kill}, Idempotency: true},
+			want: map[string]int{}},
+		{name: "a run after one that died with its node, its record lost in an empty restart",
+			rec: runRecord{Execs: []execution{dying, e2}, Faults: []faultEvent{kill, empty}, Idempotency: true,
+				End: redisState{Records: map[string]bool{}}},
+			want: map[string]int{}, excused: 1},
+		{name: "a run of another node's after one whose node lived",
+			rec:  runRecord{Execs: []execution{e1, e2}, Faults: []faultEvent{kill}, Idempotency: true},
+			want: map[string]int{}},
+		{name: "an abandoned record at the end, under a node killed mid-request",
+			rec:  runRecord{Execs: []execution{dying}, Clients: []clientResult{{Key: "k", Attempts: []attempt{killedAttempt}, Definite: true}}, Faults: []faultEvent{kill}, End: abandonedAtEnd},
+			want: map[string]int{}},
+		{name: "an abandoned record at the end, no node killed",
+			rec:  runRecord{Execs: []execution{e1}, Clients: clients(answer(0, e1, false, 0, 101)), End: abandonedAtEnd},
+			want: map[string]int{checkLeftovers: 1}},
 		{name: "a run after a not-processed 503 is a retry",
 			rec:  runRecord{Execs: []execution{e503, e2}, Clients: clients(answer(0, e503, false, 0, 120))},
 			want: map[string]int{}},

@@ -492,8 +492,8 @@ func writeSummary(w io.Writer, o *outcome) {
 	}
 	fmt.Fprintf(w, "  replays:    %d\n", replays)
 	fmt.Fprintf(w, "  faults:     %d (%s)\n", len(rec.Faults), strings.Join(fk, ", "))
-	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d completed records, %d fencing counters, %d give-back marks\n",
-		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Records), rec.End.Counters, rec.End.GoneMarks)
+	fmt.Fprintf(w, "  redis end:  %d locks, %d in-progress records, %d abandoned records, %d completed records, %d fencing counters, %d give-back marks\n",
+		len(rec.End.Locks), len(rec.End.InProgress), len(rec.End.Abandoned), len(rec.End.Records), rec.End.Counters, rec.End.GoneMarks)
 	if o.Phantoms != nil {
 		p := o.Phantoms
 		fmt.Fprintf(w, "  phantoms:   %d locks taken, %d by begins whose request never ran; %d of those held over half a lease, %d never given back (Redis's MONITOR)\n",
