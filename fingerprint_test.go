@@ -28,6 +28,48 @@ func TestFingerprintStable(t *testing.T) {
 	}
 }
 
+// Two different requests whose parts, written one after the other, make
+// the same bytes (a path that runs into the query, a query into the body,
+// a body into a header, one header into the next) have different
+// fingerprints: each part is its name and value after their lengths, so
+// that where one part ends is part of the fingerprint.
+func TestFingerprintPartsDoNotRunTogether(t *testing.T) {
+	type req struct {
+		target, body string
+		header       [][2]string
+	}
+	for _, tc := range []struct {
+		name    string
+		headers []string // FingerprintHeaders
+		a, b    req
+	}{
+		{"path into query", nil, req{target: "/pquery"}, req{target: "/p?query"}},
+		{"query into body", nil, req{target: "/p?a", body: "bodyb"}, req{target: "/p?abody", body: "b"}},
+		{"body into header", []string{"X-A"}, req{target: "/p", body: "{}header X-A"},
+			req{target: "/p", body: "{}", header: [][2]string{{"X-A", "header X-A"}}}},
+		{"header into header", []string{"X-A", "X-B"}, req{target: "/p", header: [][2]string{{"X-A", "1"}, {"X-B", "header X-B2"}}},
+			req{target: "/p", header: [][2]string{{"X-A", "1header X-B"}, {"X-B", "2"}}}},
+		// "header Ab" is 9 bytes long, and 9 is a tab, which a header
+		// value may hold: the names' lengths alone do not tell the parts
+		// apart, the values' must too.
+		{"header into header with its name's length", []string{"Ab", "Cd"},
+			req{target: "/p", header: [][2]string{{"Ab", "1"}, {"Cd", "a\theader Cdb"}}},
+			req{target: "/p", header: [][2]string{{"Ab", "1\theader Cda"}, {"Cd", "b"}}}},
+	} {
+		c := IdempotencyConfig{Fingerprint: fingerprintParts, FingerprintHeaders: tc.headers}
+		fingerprint := func(q req) string {
+			r := httptest.NewRequest(http.MethodPost, q.target, nil)
+			for _, h := range q.header {
+				r.Header.Add(h[0], h[1])
+			}
+			return c.fingerprint(r, []byte(q.body), nil)
+		}
+		if fa, fb := fingerprint(tc.a), fingerprint(tc.b); fa == fb {
+			t.Errorf("%s: %+v and %+v share the fingerprint %s", tc.name, tc.a, tc.b, fa)
+		}
+	}
+}
+
 func TestIdempotencyMismatch(t *testing.T) {
 	t.Parallel()
 	srv, _ := newRedis(t)
