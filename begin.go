@@ -52,7 +52,9 @@ func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, sta
 func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey, fingerprint string, start time.Time) (*record.Pending, error) {
 	at := h.conn.Recovery().Last()
 	if pending != nil {
-		if err := h.giveRecordBack(ctx, pending); err != nil && !errors.Is(err, engine.ErrNotHeld) {
+		// Removed on the primary is enough to begin again: a removal the
+		// replicas did not acknowledge is written again in the background.
+		if err := h.giveRecordBack(ctx, pending); err != nil && !errors.Is(err, engine.ErrNotHeld) && !errors.Is(err, engine.ErrNotReplicated) {
 			return nil, fmt.Errorf("%w: %w", errNotGivenBack, err)
 		}
 	}
@@ -66,12 +68,13 @@ func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey,
 // giveRecordBack gives up a record begun for a request that did not run,
 // so that its retry runs, and so that the answer of an earlier holder,
 // tried again while Redis did not take it, can land. A give-back that Redis
-// did not answer is tried again in the background for as long as an
-// answer is (completeRetryFor, or a lease): a record left in progress is
-// abandoned once its lease runs out, and its retries are answered
-// outcome-unknown although nothing ran. It returns the first try's error.
+// did not answer, or whose removal the replicas did not acknowledge, is
+// tried again in the background for as long as an answer is (retryFor): a
+// record left in progress is abandoned once its lease runs out, and its
+// retries are answered outcome-unknown although nothing ran. It returns
+// the first try's error.
 func (h *Handler) giveRecordBack(ctx context.Context, p *record.Pending) error {
-	deadline := time.Now().Add(max(time.Duration(h.TTL), completeRetryFor))
+	deadline := time.Now().Add(h.retryFor())
 	err := p.Release(ctx)
 	if !errors.Is(err, engine.ErrUnavailable) {
 		return err

@@ -120,10 +120,7 @@ func retried(err error) bool { return again(err) || errors.Is(err, record.ErrKey
 // renewed beside it is not sent again: the link is too slow for it, and
 // every try sends it whole; it is given up (finish).
 func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *record.Response, err error, since time.Time) error {
-	retryFor := max(time.Duration(h.TTL), completeRetryFor)
-	if h.Redis != nil && h.Redis.Replicas > 0 {
-		retryFor = max(retryFor, unackedRetryFor)
-	}
+	retryFor := h.retryFor()
 	bulk := record.Bulk(resp)
 	tryAgain := func(err error) bool {
 		return retried(err) && !(bulk && timedOut(err) && p.Context().Err() == nil)
@@ -137,6 +134,17 @@ func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *re
 		return tryAgain(err)
 	})
 	return err
+}
+
+// retryFor is how long a record's write that Redis did not take is tried
+// again in the background: an answer, or a record given back. A lease, or
+// completeRetryFor; with `replicas`, unackedRetryFor, through a failover.
+func (h *Handler) retryFor() time.Duration {
+	retryFor := max(time.Duration(h.TTL), completeRetryFor)
+	if h.Redis != nil && h.Redis.Replicas > 0 {
+		retryFor = max(retryFor, unackedRetryFor)
+	}
+	return retryFor
 }
 
 // retry calls try after pause, then again at once when Redis recovers or
@@ -246,10 +254,8 @@ func (h *Handler) storeInBackground(ctx context.Context, resp *record.Response, 
 const completeRetryPause = redisconn.RedialInterval
 
 // unackedRetryFor is how long an answer stored but not acknowledged by
-// the replicas (`replicas`) is written again: through a failover, whose
-// detection alone takes Sentinel's down-after-milliseconds (30s by
-// default) or a Cluster's cluster-node-timeout (15s).
-const unackedRetryFor = 2 * time.Minute
+// the replicas (`replicas`) is written again (record.UnackedRetryFor).
+const unackedRetryFor = record.UnackedRetryFor
 
 // stored counts and logs the end of a completion of a request whose lock
 // was lost or not. gaveUp, when not nil, is why resp, an outcome-unknown

@@ -31,13 +31,19 @@ func notObtained(remaining time.Duration) error {
 
 // giveUp runs release.lua on node: keys are the lock's, the record's and,
 // for a give-back, the token's mark; args the token and the mark's
-// lifetime. It returns engine.ErrNotHeld when nothing was the holder's.
+// lifetime. It returns engine.ErrNotHeld when nothing was the holder's,
+// and an error that matches ErrUnavailable while the replicas (with
+// `replicas`) have not acknowledged the removal, also when this try found
+// nothing: an earlier try's removal, made on a primary that fails over
+// before its replicas had it, would come back with the new primary, its
+// record in progress abandoned, so the caller tries again until one is
+// acknowledged.
 func giveUp(ctx context.Context, node *engine.Redis, keys []string, token string, markFor ...any) error {
 	cmd, err := node.Conn().Run(ctx, releaseScript, keys, append([]any{token}, markFor...)...)
 	if err != nil && !redisscript.Unreplicated(err) {
 		return redisscript.Classify(ctx, err)
 	}
-	if n, _ := cmd.Int64(); n == 0 {
+	if n, _ := cmd.Int64(); n == 0 && err == nil {
 		return engine.ErrNotHeld
 	}
 	return redisscript.Classify(ctx, err)

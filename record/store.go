@@ -385,6 +385,24 @@ func (b *begin) GiveBack(ctx context.Context, key, token string, ttl time.Durati
 	return giveUp(ctx, b.node, []string{key, Key(key), engine.GoneKey(key, token)}, token, max(ttl.Milliseconds(), 1))
 }
 
+// GiveBackFor is how long a give-back that Redis did not take is tried
+// again: with `replicas`, as long as an answer the replicas did not
+// acknowledge (a failover's detection takes Sentinel's or the Cluster's
+// timeout, 15s to 30s by default), since a record in progress the new
+// primary keeps is abandoned there; else the engine's own bound.
+func (b *begin) GiveBackFor() time.Duration {
+	if b.node.Conn().Replicas() > 0 {
+		return UnackedRetryFor
+	}
+	return 0
+}
+
+// UnackedRetryFor is how long a write to a record that the replicas did not
+// acknowledge is tried again (`replicas`): through a failover, whose
+// detection alone takes Sentinel's down-after-milliseconds (30s by
+// default) or a Cluster's cluster-node-timeout (15s).
+const UnackedRetryFor = 2 * time.Minute
+
 // WatchRelease is the lock's: a completion publishes as a release does.
 func (b *begin) WatchRelease(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	return b.node.WatchRelease(ctx, key)

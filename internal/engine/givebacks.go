@@ -68,8 +68,19 @@ const (
 // It takes no context: a waiting give-back must not hold a request (and
 // what its context refers to) for seconds; no value in one is needed.
 func (c *Client) giveBackUntilAnswered(b Backend, key, token string, ttl time.Duration) {
-	c.gb.add(giveBackItem{b: b, key: key, token: token, ttl: ttl,
-		until: time.Now().Add(max(ttl, GiveBackFor))})
+	retryFor := max(ttl, GiveBackFor)
+	if l, ok := b.(lasting); ok {
+		retryFor = max(retryFor, l.GiveBackFor())
+	}
+	c.gb.add(giveBackItem{b: b, key: key, token: token, ttl: ttl, until: time.Now().Add(retryFor)})
+}
+
+// lasting is a Backend whose acquire leaves more than the lock, for longer
+// than its lease unless it is given back (package record's record in
+// progress, kept for its retention): its give-backs are tried again for
+// GiveBackFor, when that is longer than the lock's own bound.
+type lasting interface {
+	GiveBackFor() time.Duration
 }
 
 // add queues it, and starts a worker while fewer than MaxBackground (and

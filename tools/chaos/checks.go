@@ -410,6 +410,12 @@ func check(rec runRecord) ([]violation, excusals) {
 				if !d.End.Before(b.Start) {
 					break
 				}
+				if d.ExecID == "" && !ranBefore(ex[:j], d.End) {
+					// An abandoned record's outcome-unknown, before any
+					// run: its holder gave it back later (it knew nothing
+					// ran), and b is the first run.
+					continue
+				}
 				if why = w.rerunExcused(d.End, d.Node, b.Start); why != "" {
 					excuser = d
 					continue
@@ -489,7 +495,7 @@ func check(rec runRecord) ([]violation, excusals) {
 			if !last.End.After(lastEmpty) {
 				continue
 			}
-			if rk := recordKeyOf(k); !rec.End.Records[rk] {
+			if rk := recordKeyOf(k); !rec.End.Records[rk] && !(last.ExecID == "" && slices.Contains(rec.End.Abandoned, rk)) {
 				add(checkLeftovers, k, "client %d got an answer at %s (status %d, replayed %v, %s) but no record is stored (%s)",
 					last.Client, at(last.End), last.Status, last.Replayed, orNone(last.ExecID), rk)
 			}
@@ -498,9 +504,21 @@ func check(rec runRecord) ([]violation, excusals) {
 	return vs, excused
 }
 
+// ranBefore says whether one of execs began before t.
+func ranBefore(execs []execution, t time.Time) bool {
+	for _, e := range execs {
+		if e.Start.Before(t) {
+			return true
+		}
+	}
+	return false
+}
+
 // killedMidRequest says whether rkey, a record left abandoned at the end,
-// belongs to a key an attempt of which was on a node when it was killed:
-// its request may have been anywhere between the begin and the backend.
+// belongs to a key an attempt of which reached a node before it was
+// killed: its request may still have been anywhere between the begin and
+// the backend, detached from its client, or its give-back waiting for
+// Redis, when the node died.
 func killedMidRequest(clients []clientResult, w windows, rkey string) bool {
 	for _, c := range clients {
 		for _, a := range c.Attempts {
@@ -508,7 +526,7 @@ func killedMidRequest(clients []clientResult, w windows, rkey string) bool {
 				continue
 			}
 			for _, f := range w.kills {
-				if f.Node == a.Node && a.Start.Before(f.Start) && !a.End.Before(f.Start) {
+				if f.Node == a.Node && a.Start.Before(f.Start) {
 					return true
 				}
 			}
