@@ -113,7 +113,7 @@ func (r *recordStore) lockCycle(ctx context.Context, key string) error {
 }
 
 func (r *recordStore) execute(ctx context.Context, key string) error {
-	lk, err := r.s.Begin(ctx, key, fingerprint, time.Hour, engine.Options{TTL: ttl})
+	lk, err := r.s.Begin(ctx, key, fingerprint, retention, engine.Options{TTL: ttl})
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -121,7 +121,7 @@ func (r *recordStore) execute(ctx context.Context, key string) error {
 }
 
 func (r *recordStore) replay(ctx context.Context, key string) error {
-	_, err := r.s.Begin(ctx, key, fingerprint, time.Hour, engine.Options{TTL: ttl})
+	_, err := r.s.Begin(ctx, key, fingerprint, retention, engine.Options{TTL: ttl})
 	var done *record.CompletedError
 	if !errors.As(err, &done) {
 		return fmt.Errorf("begin of a completed key: %v, want its answer", err)
@@ -239,35 +239,9 @@ func TestRecordMemory(t *testing.T) {
 	if err := r.execute(ctx, key(-1)); err != nil { // scripts loaded, fencing counter there
 		t.Fatal(err)
 	}
-	usedMemory := func() int64 {
-		info, err := admin.Info(ctx, "memory").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
-		}
-		t.Fatal("no used_memory in INFO memory")
-		return 0
-	}
-	// Every fencing counter of the prefix exists first (one per hash tag,
-	// 65,536 at most, as on a Redis that has served for a while), so that
-	// what is measured is the records alone.
-	pipe := admin.Pipeline()
-	for tag := range 1 << 16 {
-		pipe.SetNX(ctx, fmt.Sprintf("%s{%04x}fence", lock.DefaultPrefix, tag), "1", 0)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fencingCounters(t, admin)
 	keys0 := admin.DBSize(ctx).Val()
-	before := usedMemory()
+	before := usedMemory(t, admin)
 
 	// Stored by 16 goroutines, as concurrent requests would.
 	var wg sync.WaitGroup
@@ -293,7 +267,7 @@ func TestRecordMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	after := usedMemory()
+	after := usedMemory(t, admin)
 	if n := admin.DBSize(ctx).Val() - keys0; n != recordMemoryN {
 		t.Fatalf("%d keys more after storing %d answers, want one record each", n, recordMemoryN)
 	}
@@ -319,4 +293,91 @@ func TestRecordMemory(t *testing.T) {
 	t.Logf("record-memory: used_memory +%.0f bytes per record (%.1f MiB for %d; %.0f records per GiB)",
 		perRecord, float64(after-before)/(1<<20), recordMemoryN, (1<<30)/perRecord)
 	t.Logf("record-memory: one record: value %d bytes, MEMORY USAGE %d bytes", strlen, usage)
+}
+
+// usedMemory is Redis's used_memory.
+func usedMemory(t *testing.T, admin *redis.Client) int64 {
+	t.Helper()
+	info, err := admin.Info(context.Background(), "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no used_memory in INFO memory")
+	return 0
+}
+
+// fencingCounters makes every fencing counter of the prefix exist (one per
+// hash tag, 65,536 at most, as on a Redis that has served for a while), so
+// that what is measured after is the records alone.
+func fencingCounters(t *testing.T, admin *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	pipe := admin.Pipeline()
+	for tag := range 1 << 16 {
+		pipe.SetNX(ctx, fmt.Sprintf("%s{%04x}fence", lock.DefaultPrefix, tag), "1", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInProgressMemory measures what a request in progress costs Redis:
+// recordMemoryN requests begun (Begin, the default retention, a lease of a
+// minute) and held, and prints Redis's used_memory growth per request and
+// MEMORY USAGE of one's lock and record, in lines that start with
+// "in-progress-memory:". Run it alone (-run TestInProgressMemory) to compare
+// two trees.
+func TestInProgressMemory(t *testing.T) {
+	r, err := newRecordStore(redisAddr, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	admin := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer admin.Close()
+	ctx := context.Background()
+	run := time.Now().UnixNano()
+	key := func(i int) string {
+		return lock.Key(lock.DefaultPrefix, "", fmt.Sprintf("in-progress-%d-%08d", run, i))
+	}
+	if err := r.execute(ctx, key(-1)); err != nil { // scripts loaded
+		t.Fatal(err)
+	}
+	fencingCounters(t, admin)
+	before := usedMemory(t, admin)
+	held := make([]*record.Pending, recordMemoryN)
+	for i := range held {
+		p, err := r.s.Begin(ctx, key(i), fingerprint, retention, engine.Options{TTL: time.Minute, Renew: engine.NoRenew})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[i] = p
+	}
+	after := usedMemory(t, admin)
+	one := key(recordMemoryN / 2)
+	lockUsage := admin.MemoryUsage(ctx, one, 0).Val()
+	recordUsage := admin.MemoryUsage(ctx, record.Key(one), 0).Val()
+	for _, p := range held {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lockUsage == 0 {
+		t.Fatal("a request begun and held has no lock")
+	}
+	// used_memory's growth also counts Redis's own tables, which grow in
+	// powers of two and rehash in the background: MEMORY USAGE of one
+	// request's keys is the steady figure to compare.
+	perRequest := float64(after-before) / recordMemoryN
+	t.Logf("in-progress-memory: %d requests begun and held: used_memory +%.0f bytes per request", recordMemoryN, perRequest)
+	t.Logf("in-progress-memory: one request: MEMORY USAGE lock %d bytes, record %d bytes", lockUsage, recordUsage)
 }

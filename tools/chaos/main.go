@@ -516,7 +516,7 @@ func writeSummary(w io.Writer, o *outcome) {
 		byCheck[v.Check]++
 	}
 	var vc []string
-	for _, c := range []string{checkReplayBytes, checkReplayLast, checkOverlap, checkAccount, checkFencing, checkKeyReused, checkRerun, checkBounded, checkLeftovers} {
+	for _, c := range []string{checkReplayBytes, checkReplayLast, checkOverlap, checkAccount, checkFencing, checkKeyReused, checkRerun, checkDeath, checkBounded, checkLeftovers} {
 		vc = append(vc, fmt.Sprintf("%s %d", c, byCheck[c]))
 	}
 	fmt.Fprintf(w, "  violations: %d (%s)\n", len(o.Violations), strings.Join(vc, ", "))
