@@ -30,15 +30,16 @@ func (h *Handler) begin(r *http.Request, repl *caddy.Replacer, k requestKey, sta
 		metrics.settled.inc(settleWaited)
 	}
 	pending, err := h.store.Begin(ctx, k.record, k.fingerprint, time.Duration(h.Idempotency.Retention), h.lockOptions())
-	if (err == nil || errors.Is(err, record.ErrAbandoned)) && h.conn.Recovery().Last() != recoveredAt {
+	if (err == nil || errors.Is(err, record.ErrAbandoned) || errors.Is(err, engine.ErrNotObtained)) && h.conn.Recovery().Last() != recoveredAt {
 		pending, err = h.beginAgain(ctx, pending, k.record, k.fingerprint, start)
 	}
 	return pending, err
 }
 
 // beginAgain gives up pending, a request begun as Redis recovered (nil:
-// one that found its record abandoned), and begins it again once the
-// answers given while Redis was away are stored (settle). Its key may be
+// one that found its record in progress under a lease that ran out, or
+// abandoned, or held), and begins it again once the answers given while
+// Redis was away are stored (settle). Its key may be
 // free, or its record abandoned, only because the lease of a holder that
 // could not store its answer ran out during the outage; that holder's
 // completion, woken by Redis's recovery too, is refused while another

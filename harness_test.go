@@ -465,6 +465,32 @@ func recordCompleted(t *testing.T, rdb *redis.Client, lockKey string) bool {
 	return head == "C"
 }
 
+// untilAbandoned sends retry every 50ms while it is answered 409
+// in-progress (a record whose lease ran out stays in progress a lease more,
+// for a late holder), for at most within, and returns the first other
+// answer, which must be the abandoned record's 502 outcome-unknown.
+func untilAbandoned(t *testing.T, within time.Duration, retry func() *response) *response {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		r := retry()
+		if r.Status != http.StatusConflict {
+			if p := expectProblem(t, r, http.StatusBadGateway); p.Type != problemTypeBase+"outcome-unknown" ||
+				r.Header.Get(shouldRetryHeader) != "false" || r.Header.Get(replayedHeader) != "true" {
+				t.Fatalf("a retry of an abandoned record: %s, want the stored 502 outcome-unknown", r)
+			}
+			return r
+		}
+		if p := expectProblem(t, r, http.StatusConflict); p.Type != problemTypeBase+"in-progress" {
+			t.Fatalf("a retry before the record is abandoned: %s, want 409 in-progress", r)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still 409 in-progress %v after the lease ran out, want 502 outcome-unknown within a lease", within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // defaultKey is the Redis key of name with the default prefix and no scope.
 func defaultKey(name string) string { return engine.Key(DefaultPrefix, "", name) }
 

@@ -12,12 +12,17 @@
 -- .. token while its request runs, 'C' .. fingerprint .. response once it
 -- completed. A 'P' record whose lock is gone belongs to a holder whose
 -- lease ran out before it completed or gave the record back: its request
--- may have run, so it is abandoned, and nobody takes the key.
+-- may have run, so nobody takes the key. The first begin to find it so
+-- appends '@' and a deadline a lease away (server clock, microseconds),
+-- and until then the key is answered as in progress: a holder that is
+-- late (its give-back or its answer on the way through a failover or a
+-- healing partition) lands first. After it the record is abandoned.
 -- Returns: the fencing token (a decimal string) when the request is ours to
--- run; the holder's PTTL (an integer) while another runs it; 'M' when the
--- key is in use by a request with another fingerprint; 'A' when its record
--- is abandoned; the completed record ('C...').
-local head = redis.call('GETRANGE', KEYS[3], 0, 100)
+-- run; the holder's PTTL, or what is left before the record is abandoned
+-- (an integer), while another runs it; 'M' when the key is in use by a
+-- request with another fingerprint; 'A' when its record is abandoned; the
+-- completed record ('C...').
+local head = redis.call('GETRANGE', KEYS[3], 0, 127)
 if head ~= '' then
 	if string.sub(head, 2, 65) ~= ARGV[3] then
 		return 'M'
@@ -26,6 +31,16 @@ if head ~= '' then
 		return redis.call('GET', KEYS[3])
 	end
 	if redis.call('EXISTS', KEYS[1]) == 0 then
+		local now = tonumber(clock())
+		local mark = string.sub(head, 103)
+		if mark == '' then
+			redis.call('SETRANGE', KEYS[3], 101, '@' .. string.format('%d', now + ARGV[2] * 1000))
+			return tonumber(ARGV[2])
+		end
+		local left = tonumber(mark) - now
+		if left > 0 then
+			return math.floor(left / 1000)
+		end
 		return 'A'
 	end
 	-- Our own begin again (a retry whose reply was lost) succeeds with the

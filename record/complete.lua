@@ -21,7 +21,7 @@ if kind == 'C' then
 	if redis.call('GET', KEYS[2]) ~= ARGV[3] then
 		stored = 0
 	end
-elseif not (kind == 'P' and string.sub(head, 66) == ARGV[1]) and ARGV[4] ~= '1' then
+elseif not (kind == 'P' and string.sub(head, 66, 101) == ARGV[1]) and ARGV[4] ~= '1' then
 	if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
 		return 2 -- another holder's: its outcome, not ours
 	end

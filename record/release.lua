@@ -13,7 +13,7 @@ if KEYS[3] then
 end
 local deleted = 0
 local head = redis.call('GETRANGE', KEYS[2], 0, 100)
-if string.sub(head, 1, 1) == 'P' and string.sub(head, 66) == ARGV[1] then
+if string.sub(head, 1, 1) == 'P' and string.sub(head, 66, 101) == ARGV[1] then
 	deleted = redis.call('DEL', KEYS[2])
 end
 -- The token's field and the mark of a request waiting (take.lua's

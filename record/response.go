@@ -86,16 +86,17 @@ var errCorrupt = errors.New("record: stored response is corrupt")
 const headLen = 1 + fingerprintLen + 4
 
 // inProgressLen is the length of a record in progress: 'P', the
-// fingerprint, and its holder's token (a UUID).
+// fingerprint, and its holder's token (a UUID); the first begin to find
+// its lock gone appends '@' and the time it is abandoned at (begin.lua).
 const inProgressLen = 1 + fingerprintLen + 36
 
 // inProgress reports whether b is a record in progress, and its holder's
 // token.
 func inProgress(b []byte) (holder string, ok bool) {
-	if len(b) != inProgressLen || b[0] != 'P' {
+	if len(b) < inProgressLen || b[0] != 'P' {
 		return "", false
 	}
-	return string(b[1+fingerprintLen:]), true
+	return string(b[1+fingerprintLen : inProgressLen]), true
 }
 
 // decodeHead reads the outcome and status of a completed record from its

@@ -189,8 +189,16 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 	}
 	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
 	redistest.Eventually(t, 5*time.Second, "the lock to know it", func() bool { return lk.Context().Err() != nil })
+	// The first retry to find the lease gone marks the record: in progress
+	// for its own lease more, then abandoned.
+	const grace = 300 * time.Millisecond
+	var busy *engine.NotObtainedError
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: grace}); !errors.As(err, &busy) || busy.Remaining > grace || busy.Remaining < grace/2 {
+		t.Fatalf("the first retry after the holder's lease ran out: %v, want NotObtained for about %v", err, grace)
+	}
+	time.Sleep(grace)
 	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{}); !errors.Is(err, ErrAbandoned) {
-		t.Fatalf("a retry after the holder's lease ran out: %v, want ErrAbandoned", err)
+		t.Fatalf("a retry a lease after the first found the holder's lease gone: %v, want ErrAbandoned", err)
 	}
 	if rdb.Exists(ctx, key).Val() != 0 {
 		t.Fatal("a Begin of an abandoned record took its lock")
@@ -227,6 +235,33 @@ func TestCompleteAfterLeaseLoss(t *testing.T) {
 		t.Fatalf("newer holder lost its lock: %v", err)
 	}
 	_ = newer.Release(ctx)
+}
+
+// A holder whose give-back comes late (through a failover, a healing
+// partition) finds its record marked by a retry that found the lease gone,
+// not yet abandoned: the give-back removes it, and the next retry runs
+// instead of being told the outcome is unknown.
+func TestLateGiveBackBeforeAbandoned(t *testing.T) {
+	s, rdb := newStore(t)
+	ctx := ctxT(t)
+	key := engine.Key("test:", "", "late-give-back")
+	lk, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: 200 * time.Millisecond, Renew: engine.NoRenew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, "lease to run out", func() bool { return rdb.Exists(ctx, key).Val() == 0 })
+	var busy *engine.NotObtainedError
+	if _, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: time.Minute}); !errors.As(err, &busy) {
+		t.Fatalf("a retry that finds the lease gone: %v, want NotObtained (in progress a lease more)", err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatalf("the late give-back: %v", err)
+	}
+	next, err := s.Begin(ctx, key, fp("a"), time.Hour, engine.Options{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("a retry after the late give-back: %v, want it to run", err)
+	}
+	_ = next.Release(ctx)
 }
 
 // A begin retried with its own token (the first reply was lost) gets the
