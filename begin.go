@@ -69,20 +69,16 @@ func (h *Handler) beginAgain(ctx context.Context, pending *record.Pending, rkey,
 // giveRecordBack gives up a record begun for a request that did not run,
 // so that its retry runs, and so that the answer of an earlier holder,
 // tried again while Redis did not take it, can land. A give-back that Redis
-// did not answer, or whose removal the replicas did not acknowledge, is
-// tried again in the background for as long as an answer is (retryFor): a
-// record left in progress is abandoned once its lease runs out, and its
-// retries are answered outcome-unknown although nothing ran. It returns
-// the first try's error.
+// did not answer, or whose removal the replicas did not acknowledge, goes
+// on in the lock client's give-back queue (Lock.GiveBackLater): a record
+// left in progress is abandoned once its lease runs out, and its retries
+// are answered outcome-unknown although nothing ran. It returns the first
+// try's error.
 func (h *Handler) giveRecordBack(ctx context.Context, p *record.Pending) error {
-	deadline := time.Now().Add(h.retryFor())
 	err := p.Release(ctx)
-	if !errors.Is(err, engine.ErrUnavailable) {
-		return err
+	if errors.Is(err, engine.ErrUnavailable) {
+		p.GiveBackLater()
 	}
-	h.locker.Background(ctx, func(ctx context.Context) {
-		h.retry(deadline, completeRetryPause, func() bool { return errors.Is(p.Release(ctx), engine.ErrUnavailable) })
-	})
 	return err
 }
 

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,7 @@ func legacyCharge(t *testing.T, d time.Duration) *recorder {
 		n := charges.Add(1)
 		time.Sleep(d)
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
 		fmt.Fprintf(w, `{"charge":%d}`, n)
 	})
 }

@@ -136,9 +136,9 @@ func (h *Handler) retryComplete(ctx context.Context, p *record.Pending, resp *re
 	return err
 }
 
-// retryFor is how long a record's write that Redis did not take is tried
-// again in the background: an answer, or a record given back. A lease, or
-// completeRetryFor; with `replicas`, unackedRetryFor, through a failover.
+// retryFor is how long an answer that Redis did not take is tried again in
+// the background: a lease, or completeRetryFor; with `replicas`,
+// unackedRetryFor, through a failover.
 func (h *Handler) retryFor() time.Duration {
 	retryFor := max(time.Duration(h.TTL), completeRetryFor)
 	if h.Redis != nil && h.Redis.Replicas > 0 {

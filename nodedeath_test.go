@@ -15,9 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,23 +24,9 @@ import (
 	"github.com/reqlock/caddy-redis-lock/internal/redistest"
 )
 
-// chargeFor is how long the backend takes to charge: it runs to the end
-// once entered, whether Caddy is still there or not.
+// chargeFor is how long the backend takes to charge (legacyCharge: to the
+// end once entered, whether Caddy is still there or not).
 const chargeFor = time.Second
-
-// chargingBackend charges every request it gets, for chargeFor.
-func chargingBackend(t *testing.T) *recorder {
-	t.Helper()
-	var charges atomic.Int64
-	return newRecorder(t, func(w http.ResponseWriter, r *http.Request, s seen) {
-		n := charges.Add(1)
-		time.Sleep(chargeFor)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Charge", strconv.FormatInt(n, 10))
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"charge":%d}`, n)
-	})
-}
 
 // deathMode is one way of keying the payments: by the Idempotency-Key, or
 // per account with the Idempotency-Key's record within it.
@@ -102,7 +86,7 @@ func TestNodeDeathAbandonsRecord(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
 			srv, rdb := newRedis(t)
-			be := chargingBackend(t)
+			be := legacyCharge(t, chargeFor)
 			a := startCaddyNode(t, bin, "caddy-a", m.site(srv.Addr, be.hostPort(), ""), nodeOptions{})
 			b := startCaddyNode(t, bin, "caddy-b", m.site(srv.Addr, be.hostPort(), ""), nodeOptions{admin: true})
 			c := startCaddyNode(t, bin, "caddy-c", m.site(srv.Addr, be.hostPort(), "wait 8s"), nodeOptions{})
@@ -194,7 +178,7 @@ func TestNodeDeathAbandonsRecord(t *testing.T) {
 				t.Fatalf("admin DELETE: %d %v, want the abandoned record removed", code, removed)
 			}
 			r, err = pay(b)
-			if err != nil || r.Status != http.StatusCreated || r.Header.Get(replayedHeader) != "" {
+			if err != nil || r.Status != http.StatusOK || r.Header.Get(replayedHeader) != "" {
 				t.Fatalf("a retry once the record was cleared: %v %v, want it run", r, err)
 			}
 			if n := be.executions("pay-dies"); n != 2 {
@@ -231,7 +215,7 @@ func TestNodeStopDrains(t *testing.T) {
 			t.Parallel()
 			m := deathModes[0]
 			srv, rdb := newRedis(t)
-			be := chargingBackend(t)
+			be := legacyCharge(t, chargeFor)
 			a := startCaddyNode(t, bin, "caddy-a", m.site(srv.Addr, be.hostPort(), ""), nodeOptions{grace: c.grace})
 			b := startCaddyNode(t, bin, "caddy-b", m.site(srv.Addr, be.hostPort(), ""), nodeOptions{})
 			pay := func(node *caddyProcess) (*response, error) {
@@ -258,15 +242,15 @@ func TestNodeStopDrains(t *testing.T) {
 				t.Fatal("node A did not exit after SIGTERM")
 			}
 			if c.drained {
-				if got.err != nil || got.r.Status != http.StatusCreated || got.r.Header.Get("X-Charge") != "1" {
-					t.Fatalf("the client of the draining node: %v %v, want its 201", got.r, got.err)
+				if got.err != nil || got.r.Status != http.StatusOK || got.r.Header.Get("X-Charge") != "1" {
+					t.Fatalf("the client of the draining node: %v %v, want its 200", got.r, got.err)
 				}
 				r, err := pay(b)
 				if err != nil || r.Header.Get(replayedHeader) != "true" || r.Body != got.r.Body {
 					t.Fatalf("a retry on B after the drain: %v %v, want the answer replayed", r, err)
 				}
 			} else {
-				if got.err == nil && got.r.Status == http.StatusCreated {
+				if got.err == nil && got.r.Status == http.StatusOK {
 					t.Fatalf("the client of a node stopped past its grace got %s", got.r)
 				}
 				redistest.Eventually(t, 10*time.Second, "the stopped holder's lease to end", func() bool { return !keyExists(t, rdb, m.recordLock) })

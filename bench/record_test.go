@@ -224,18 +224,8 @@ const recordMemoryN = 10000
 // value's length of one record. bench/run.sh runs it once and prints the
 // lines that start with "record-memory:".
 func TestRecordMemory(t *testing.T) {
-	r, err := newRecordStore(redisAddr, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.close()
-	admin := redis.NewClient(&redis.Options{Addr: redisAddr})
-	defer admin.Close()
+	r, admin, key := memoryStore(t, "memory")
 	ctx := context.Background()
-	run := time.Now().UnixNano()
-	key := func(i int) string {
-		return lock.Key(lock.DefaultPrefix, "", fmt.Sprintf("memory-%d-%08d", run, i))
-	}
 	if err := r.execute(ctx, key(-1)); err != nil { // scripts loaded, fencing counter there
 		t.Fatal(err)
 	}
@@ -337,18 +327,8 @@ func fencingCounters(t *testing.T, admin *redis.Client) {
 // "in-progress-memory:". Run it alone (-run TestInProgressMemory) to compare
 // two trees.
 func TestInProgressMemory(t *testing.T) {
-	r, err := newRecordStore(redisAddr, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.close()
-	admin := redis.NewClient(&redis.Options{Addr: redisAddr})
-	defer admin.Close()
+	r, admin, key := memoryStore(t, "in-progress")
 	ctx := context.Background()
-	run := time.Now().UnixNano()
-	key := func(i int) string {
-		return lock.Key(lock.DefaultPrefix, "", fmt.Sprintf("in-progress-%d-%08d", run, i))
-	}
 	if err := r.execute(ctx, key(-1)); err != nil { // scripts loaded
 		t.Fatal(err)
 	}
@@ -380,4 +360,22 @@ func TestInProgressMemory(t *testing.T) {
 	perRequest := float64(after-before) / recordMemoryN
 	t.Logf("in-progress-memory: %d requests begun and held: used_memory +%.0f bytes per request", recordMemoryN, perRequest)
 	t.Logf("in-progress-memory: one request: MEMORY USAGE lock %d bytes, record %d bytes", lockUsage, recordUsage)
+}
+
+// memoryStore is a memory test's record store and admin client on the
+// benchmarks' Redis, closed when t ends, and its keys, named after what
+// and the time.
+func memoryStore(t *testing.T, what string) (*recordStore, *redis.Client, func(int) string) {
+	t.Helper()
+	r, err := newRecordStore(redisAddr, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.close)
+	admin := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { admin.Close() })
+	run := time.Now().UnixNano()
+	return r, admin, func(i int) string {
+		return lock.Key(lock.DefaultPrefix, "", fmt.Sprintf("%s-%d-%08d", what, run, i))
+	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,12 +21,20 @@ import (
 // MaxBackground (and maxGiveBackWorkers) are tried at once, and the rest
 // wait their turn, each tried again (at the back of the queue) while Redis
 // does not answer.
+//
+// A give-back that Redis made but its replicas did not acknowledge (with
+// replicas) waits in a queue of its own, tried again at most every
+// unackedGiveBackPause and only when no fresh one waits: a primary with no
+// replica (after a failover, until one attaches) acknowledges none, and
+// each try waits out a WAIT, so that thousands of them tried in turn would
+// hold back the fresh give-backs, whose begins may still take their keys.
 type giveBacks struct {
 	c       *Client
 	mu      sync.Mutex
-	queue   []giveBackItem
-	running int // workers
-	trying  int // items a worker holds
+	queue   []giveBackItem // fresh, and tried again while Redis does not answer
+	unacked []giveBackItem // made on the primary, not yet acknowledged
+	running int            // workers
+	trying  int            // items a worker holds
 }
 
 // giveBackItem is one token to give back, until its time is up.
@@ -34,7 +43,12 @@ type giveBackItem struct {
 	key, token string
 	ttl        time.Duration
 	until      time.Time
+	notBefore  time.Time // an unacknowledged one's next try
 }
+
+// unackedGiveBackPause is how often a give-back that the replicas did not
+// acknowledge is tried again.
+const unackedGiveBackPause = 500 * time.Millisecond
 
 // maxQueuedGiveBacks bounds the tokens waiting per Client (a few hundred
 // bytes each): past it the oldest is dropped, and the lease ends its lock.
@@ -107,8 +121,9 @@ func (q *giveBacks) work() {
 		}
 		err := q.c.giveBack(context.Background(), it.b, it.key, it.token, it.ttl)
 		again := errors.Is(err, ErrUnavailable) && !errors.Is(err, redis.ErrClosed) && time.Now().Before(it.until)
-		q.done(it, again)
-		if !again {
+		unacked := again && errors.Is(err, ErrNotReplicated)
+		q.done(it, again, unacked)
+		if !again || unacked {
 			pause = 0
 			continue
 		}
@@ -117,32 +132,66 @@ func (q *giveBacks) work() {
 	}
 }
 
-// next takes the first token whose time is not up, or ends the worker
-// when none is left.
+// next takes the first token whose time is not up, a fresh one first,
+// else an unacknowledged one whose pause is over; it waits for one while
+// only unacknowledged ones are left, and ends the worker when none is.
 func (q *giveBacks) next() (giveBackItem, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	now := time.Now()
-	for len(q.queue) > 0 {
-		it := q.queue[0]
-		q.queue[0] = giveBackItem{}
-		q.queue = q.queue[1:]
-		if now.Before(it.until) {
-			q.trying++
-			return it, true
+	for {
+		q.mu.Lock()
+		now := time.Now()
+		for len(q.queue) > 0 {
+			it := q.queue[0]
+			q.queue[0] = giveBackItem{}
+			q.queue = q.queue[1:]
+			if now.Before(it.until) {
+				q.trying++
+				q.mu.Unlock()
+				return it, true
+			}
 		}
+		q.queue = nil
+		wake := time.Time{}
+		for i := 0; i < len(q.unacked); {
+			it := q.unacked[i]
+			switch {
+			case !now.Before(it.until):
+				q.unacked = slices.Delete(q.unacked, i, i+1)
+				continue
+			case !now.Before(it.notBefore):
+				q.unacked = slices.Delete(q.unacked, i, i+1)
+				q.trying++
+				q.mu.Unlock()
+				return it, true
+			case wake.IsZero() || it.notBefore.Before(wake):
+				wake = it.notBefore
+			}
+			i++
+		}
+		if wake.IsZero() {
+			q.unacked = nil
+			q.running--
+			q.mu.Unlock()
+			return giveBackItem{}, false
+		}
+		q.mu.Unlock()
+		time.Sleep(min(time.Until(wake), minGiveBackPause))
 	}
-	q.queue = nil
-	q.running--
-	return giveBackItem{}, false
 }
 
-// done returns it to the back of the queue when it is to be tried again.
-func (q *giveBacks) done(it giveBackItem, again bool) {
+// done returns it to the back of its queue when it is to be tried again:
+// an unacknowledged one waits unackedGiveBackPause.
+func (q *giveBacks) done(it giveBackItem, again, unacked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.trying--
-	if again {
+	switch {
+	case unacked:
+		it.notBefore = time.Now().Add(unackedGiveBackPause)
+		if len(q.unacked) >= maxQueuedGiveBacks {
+			q.unacked = slices.Delete(q.unacked, 0, 1)
+		}
+		q.unacked = append(q.unacked, it)
+	case again:
 		q.push(it)
 	}
 }
@@ -168,7 +217,7 @@ func (c *Client) InBackground() int { return len(c.bg) + c.gb.pending() }
 func (q *giveBacks) pending() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.queue) + q.trying
+	return len(q.queue) + len(q.unacked) + q.trying
 }
 
 // givingBack is a Backend that can give back a token whose acquire did not

@@ -150,6 +150,17 @@ func (l *Lock) ReleaseAsync(ctx context.Context, done func(error)) {
 	}
 }
 
+// GiveBackLater stops the lock and gives it back in the background, tried
+// again while Redis does not answer or (with replicas) does not
+// acknowledge it, for at least a lease (the Client's give-back queue, as
+// for an acquire that did not answer in time): for a holder whose request
+// did not run and whose Release Redis did not take. No request's context
+// is kept meanwhile.
+func (l *Lock) GiveBackLater() {
+	l.Stop()
+	l.c.giveBackUntilAnswered(l.b, l.key, l.token, l.ttl)
+}
+
 // Stop ends the keep-alive and the lock's Context (cause ErrReleased), and
 // waits for a refresh in flight (it ends with the context), without a call
 // to Redis: for a caller whose own script deletes the lock, such as one that
