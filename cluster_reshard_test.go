@@ -20,8 +20,9 @@ import (
 	"github.com/reqlock/caddy-redis-lock/record"
 )
 
-// reshardTimeout is the redis timeout of the resharded sites: an acquire or
-// begin is retried for twice that (CallTimeout) while its slot migrates.
+// reshardTimeout is the redis timeout of the resharded sites without a
+// wait: an acquire or begin is retried for twice that (CallTimeout) while
+// its slot migrates.
 const reshardTimeout = 5 * time.Second
 
 // TestClusterReshard migrates a busy slot (300 application keys besides
@@ -29,13 +30,31 @@ const reshardTimeout = 5 * time.Second
 // no 5xx, no request runs twice or beside its duplicate, and in
 // idempotency mode every retry after the migration is the stored answer.
 // Before the Cluster's refusals were retried until the call's deadline,
-// each migration answered tens of them 503 within milliseconds.
+// each migration answered tens of them 503 within milliseconds. With a
+// timeout far shorter than the migration, a wait carries the requests
+// through it instead.
 func TestClusterReshard(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3, 0)
-	for _, mode := range []string{"lock", "idempotency"} {
-		t.Run(mode, func(t *testing.T) { reshardUnderLoad(t, c, mode) })
+	for _, rc := range []reshardCase{
+		{mode: "lock", timeout: reshardTimeout, deadline: 2 * reshardTimeout},
+		{mode: "idempotency", timeout: reshardTimeout, deadline: 2 * reshardTimeout},
+		{mode: "lock", timeout: 100 * time.Millisecond, wait: 10 * time.Second, deadline: 10 * time.Second},
+	} {
+		name := rc.mode
+		if rc.wait > 0 {
+			name += "-wait"
+		}
+		t.Run(name, func(t *testing.T) { reshardUnderLoad(t, c, name, rc) })
 	}
+}
+
+// reshardCase is a route whose slot a test migrates: its mode, timeout and
+// wait, and so an acquire's deadline (twice the timeout, or the wait).
+type reshardCase struct {
+	mode          string
+	timeout, wait time.Duration
+	deadline      time.Duration
 }
 
 // shot is one request of a load and what it got.
@@ -47,9 +66,10 @@ type shot struct {
 	start, end time.Time
 }
 
-func reshardUnderLoad(t *testing.T, c *redistest.Cluster, mode string) {
+func reshardUnderLoad(t *testing.T, c *redistest.Cluster, name string, rc reshardCase) {
 	ctx := redistest.Context(t, 3*time.Minute)
-	keys, slot, tag := slotKeys(mode+"-reshard", 60)
+	mode := rc.mode
+	keys, slot, tag := slotKeys(name+"-reshard", 60)
 	src, err := c.MasterOfSlot(slot)
 	if err != nil {
 		t.Fatal(err)
@@ -70,9 +90,12 @@ func reshardUnderLoad(t *testing.T, c *redistest.Cluster, mode string) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"charged":%q}`, s.Key)
 	})
-	opts := []siteOption{redisLines("mode cluster", "address "+strings.Join(c.MasterAddrs(), " "), "timeout "+reshardTimeout.String())}
+	opts := []siteOption{redisLines("mode cluster", "address "+strings.Join(c.MasterAddrs(), " "), "timeout "+rc.timeout.String())}
 	if mode == "idempotency" {
 		opts = append(opts, idempotent())
+	}
+	if rc.wait > 0 {
+		opts = append(opts, lockLines("wait "+rc.wait.String()))
 	}
 	site := startCaddySite(t, paySite("", backend.URL, opts...), siteOptions{admin: true})
 	retriesBefore := metricSum(t, site, "caddy_redis_lock_cluster_retries_total")
@@ -123,10 +146,10 @@ func reshardUnderLoad(t *testing.T, c *redistest.Cluster, mode string) {
 	stop.Store(true)
 	wg.Wait()
 
-	// A request is retried for 2x timeout: a migration longer than that
-	// may refuse requests, which this test does not judge.
-	if split >= 2*reshardTimeout {
-		t.Fatalf("the slot was split for %v, longer than a request's deadline (%v)", split, 2*reshardTimeout)
+	// A request is retried until its deadline: a migration longer than
+	// that may refuse requests, which this test does not judge.
+	if split >= rc.deadline {
+		t.Fatalf("the slot was split for %v, longer than a request's deadline (%v)", split, rc.deadline)
 	}
 	during, failed := 0, 0
 	var slowest time.Duration
@@ -144,7 +167,7 @@ func reshardUnderLoad(t *testing.T, c *redistest.Cluster, mode string) {
 		}
 	}
 	t.Logf("%s: slot %d (%s to %s) split for %v; %d requests, %d during the migration (the slowest %v), %d 5xx",
-		mode, slot, src, to, split.Round(time.Millisecond), len(shots), during, slowest.Round(time.Millisecond), failed)
+		name, slot, src, to, split.Round(time.Millisecond), len(shots), during, slowest.Round(time.Millisecond), failed)
 	if during < workers {
 		t.Errorf("only %d requests ran during the migration: the test cannot tell", during)
 	}
