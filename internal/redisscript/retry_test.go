@@ -210,6 +210,9 @@ func TestRetryFollowsAskWithReplicas(t *testing.T) {
 	if retries, _ := n.get(); retries[CauseAsk] < 1 {
 		t.Errorf("observed retries %v, want an ask", retries)
 	}
+	if err := m.MoveAll(ctx, 10, 0); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := m.Finish(ctx); err != nil {
 		t.Fatal(err)
 	}
