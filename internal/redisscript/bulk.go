@@ -39,7 +39,7 @@ func (c *Conn) processBulk(ctx context.Context, key string, r route, cmds ...red
 		return err
 	}
 	if rdb == nil {
-		return firstErr(c.processAll(ctx, cmds))
+		return firstErr(c.processAll(ctx, cmds, r))
 	}
 	done, err := c.bulkSlot(ctx)
 	if err != nil {
@@ -93,9 +93,9 @@ func (c *Conn) bulkClient(ctx context.Context, key string, r route) (rdb redis.U
 	if rdb == nil {
 		return nil, false, nil
 	}
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
+	if _, ok := rdb.(*redis.ClusterClient); ok && c.nodes != nil {
 		var node *redis.Client
-		if node, asking, err = nodeFor(ctx, cc, key, r); err != nil {
+		if node, asking, err = c.nodes.forKey(ctx, key, r); err != nil {
 			return nil, false, err
 		}
 		rdb = node

@@ -103,6 +103,7 @@ type Conn struct {
 	clock   clock                 // the server's clock, for acquires' deadlines
 
 	cluster  *redis.ClusterClient // a Cluster's client: calls are retried (retry), else nil
+	nodes    *clusterNodes        // its nodes' clients, for a redirect
 	observer RetryObserver        // told of the retries, or nil
 
 	bulkOnce sync.Once
@@ -117,7 +118,7 @@ func NewConn(rdb redis.UniversalClient) *Conn {
 	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
 		c.async = s
 	}
-	c.cluster = clusterOf(rdb)
+	c.setCluster(clusterOf(rdb))
 	return c
 }
 
@@ -140,9 +141,7 @@ func NewPipelinedConn(ap, direct redis.UniversalClient, repl Replication) *Conn 
 	if c.async != nil {
 		c.direct = direct
 	}
-	if c.cluster == nil {
-		c.cluster = clusterOf(direct)
-	}
+	c.setCluster(clusterOf(direct))
 	return c
 }
 
@@ -166,14 +165,20 @@ type submitter interface {
 // again on a Cluster (retry). After a context error cmd must not be read:
 // its batch may still complete it.
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
-	return c.retry(ctx, func(route) error {
+	return c.retry(ctx, func(r route) error {
 		cmd.SetErr(nil)
-		return c.process(ctx, cmd)
+		return c.process(ctx, cmd, r)
 	})
 }
 
-// process is one try of Process.
-func (c *Conn) process(ctx context.Context, cmd redis.Cmder) error {
+// process is one try of Process, on the node r names, if any.
+func (c *Conn) process(ctx context.Context, cmd redis.Cmder, r route) error {
+	if n, asking := c.redirected(ctx, r); n != nil {
+		if asking {
+			return firstErr(pipeline(ctx, n, []redis.Cmder{cmd}, true))
+		}
+		return n.Process(ctx, cmd)
+	}
 	if c.async == nil {
 		return c.rdb.Process(ctx, cmd)
 	}
@@ -196,13 +201,13 @@ func (c *Conn) process(ctx context.Context, cmd redis.Cmder) error {
 // not.
 func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
 	todo := cmds
-	return c.retry(ctx, func(route) error {
+	return c.retry(ctx, func(r route) error {
 		for _, cmd := range todo {
 			cmd.SetErr(nil)
 		}
 		var first error
 		var failed []redis.Cmder
-		for i, err := range c.processAll(ctx, todo) {
+		for i, err := range c.processAll(ctx, todo, r) {
 			if err != nil {
 				first = cmp.Or(first, err)
 				failed = append(failed, todo[i])
@@ -213,8 +218,12 @@ func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
 	})
 }
 
-// processAll is one try of ProcessAll: each command's error.
-func (c *Conn) processAll(ctx context.Context, cmds []redis.Cmder) []error {
+// processAll is one try of ProcessAll, on the node r names, if any: each
+// command's error.
+func (c *Conn) processAll(ctx context.Context, cmds []redis.Cmder, r route) []error {
+	if n, asking := c.redirected(ctx, r); n != nil {
+		return pipeline(ctx, n, cmds, asking)
+	}
 	if c.async == nil {
 		return pipeline(ctx, c.rdb, cmds, false)
 	}
@@ -298,7 +307,7 @@ func (c *Conn) send(ctx context.Context, cmd redis.Cmder, keys []string, bulk bo
 	if bulk {
 		return c.processBulk(ctx, keys[0], r, cmd)
 	}
-	return c.process(ctx, cmd)
+	return c.process(ctx, cmd, r)
 }
 
 // evalArgs are the arguments of EVALSHA or EVAL. The keys go as pointers

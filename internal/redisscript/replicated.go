@@ -50,9 +50,7 @@ func NewReplicatedConn(rdb redis.UniversalClient, repl Replication) *Conn {
 			repl.Direct = rdb
 		}
 		c.repl = &repl
-		if c.cluster == nil {
-			c.cluster = clusterOf(repl.Direct)
-		}
+		c.setCluster(clusterOf(repl.Direct))
 	}
 	return c
 }
@@ -137,8 +135,8 @@ func (c *Conn) waitDeadline(ctx context.Context) time.Time {
 // directFor is the client that sends key's script and its WAIT, after r,
 // and whether it must send ASKING first.
 func (c *Conn) directFor(ctx context.Context, key string, r route) (redis.Cmdable, bool, error) {
-	if cc, ok := c.repl.Direct.(*redis.ClusterClient); ok {
-		return nodeFor(ctx, cc, key, r)
+	if _, ok := c.repl.Direct.(*redis.ClusterClient); ok && c.nodes != nil {
+		return c.nodes.forKey(ctx, key, r)
 	}
 	return c.repl.Direct, false, nil
 }

@@ -39,9 +39,9 @@ type RetryObserver func(cause string, exhausted bool)
 // used.
 func (c *Conn) ObserveRetries(f RetryObserver) { c.observer = f }
 
-// The pauses between the tries of one call: full jitter over an
-// exponential step, so that the requests a reshard holds back do not come
-// back all at once.
+// The pauses between the tries of one call (but a redirect, followed at
+// once): jitter over an exponential step, so that the requests a reshard
+// holds back do not come back all at once.
 const (
 	minRetryPause = 4 * time.Millisecond
 	maxRetryPause = 128 * time.Millisecond
@@ -62,17 +62,6 @@ func (e *RetryError) Error() string {
 }
 
 func (e *RetryError) Unwrap() error { return e.Err }
-
-// route is where a try goes after Redis Cluster redirected the one before
-// it, for the calls that go on a node's own client (a script with its
-// WAIT, a bulk call), which go-redis's cluster client does not redirect:
-// the node at addr, with ASKING first after an ASK. The zero route is the
-// master of the key's slot as the client knows it. The calls through the
-// cluster client ignore it: each try is routed, and redirected, anew.
-type route struct {
-	addr   string
-	asking bool
-}
 
 // retry runs try, and on a Cluster runs it again while it fails with an
 // error that says the call was not run, or may be run elsewhere once the
@@ -99,6 +88,7 @@ func (c *Conn) retry(ctx context.Context, try func(route) error) error {
 	tries := 1
 	var last error // the last error worth a retry
 	var lastCause string
+	followed := false // the last try followed a redirect at once
 	for {
 		cause := retryCause(err)
 		var reply redis.Error
@@ -112,8 +102,14 @@ func (c *Conn) retry(ctx context.Context, try func(route) error) error {
 		}
 		last, lastCause = err, cause
 		r := c.redirect(ctx, err, cause)
-		sleep := pause/2 + mrand.N(pause/2+1)
-		pause = min(2*pause, maxRetryPause)
+		// A redirect is followed at once, as go-redis would; one that
+		// follows a redirect (two nodes sending the call back and forth
+		// while a migration's end reaches them) waits as any retry.
+		var sleep time.Duration
+		if followed = r.addr != "" && !followed; !followed {
+			sleep = pause/2 + mrand.N(pause/2+1)
+			pause = min(2*pause, maxRetryPause)
+		}
 		if !sleepUntil(ctx, min(sleep, time.Until(deadline))) || !time.Now().Before(deadline) {
 			return c.exhausted(cause, tries, err)
 		}
@@ -221,50 +217,4 @@ var refusals = []struct{ prefix, cause string }{
 	{"LOADING", CauseLoading},
 	{"READONLY", CauseReadOnly},
 	{"MASTERDOWN", CauseMasterDown},
-}
-
-// nodeAt is the client of the Cluster node at addr, nil when the client's
-// slot layout (reloaded here) does not name it: a MOVED or ASK target that
-// the next try goes to. A new master that serves no slot yet is not in the
-// layout; the try goes to the slot's master instead, which redirects it
-// again, until the migration ends (its MOVED names a node in the layout).
-func nodeAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
-	found := make(chan *redis.Client, 1)
-	_ = cc.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error {
-		if n.Options().Addr == addr {
-			select {
-			case found <- n:
-			default:
-			}
-		}
-		return nil
-	})
-	select {
-	case n := <-found:
-		return n
-	default:
-		return nil
-	}
-}
-
-// nodeFor is the client of cc's node that a try of a call on key's slot
-// goes on, after r, and whether it must send ASKING first.
-func nodeFor(ctx context.Context, cc *redis.ClusterClient, key string, r route) (*redis.Client, bool, error) {
-	if r.addr != "" {
-		if n := nodeAt(ctx, cc, r.addr); n != nil {
-			return n, r.asking, nil
-		}
-	}
-	n, err := cc.MasterForKey(ctx, key)
-	return n, false, err
-}
-
-// clusterOf is the first of clients that is a Cluster client, or nil.
-func clusterOf(clients ...redis.UniversalClient) *redis.ClusterClient {
-	for _, rdb := range clients {
-		if cc, ok := rdb.(*redis.ClusterClient); ok {
-			return cc
-		}
-	}
-	return nil
 }
