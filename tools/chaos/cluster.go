@@ -193,10 +193,13 @@ func (in *injector) migrate(ctx context.Context, ev *faultEvent, now time.Durati
 		if err != nil {
 			return err
 		}
+		mset := []string{"MSET"}
+		tag := slotTag(slot)
 		for i := range 100 {
-			if _, err := redistest.Do(ctx, from, nil, "SET", fmt.Sprintf("app:{%s}:%d", slotTag(slot), i), "application data"); err != nil {
-				return err
-			}
+			mset = append(mset, fmt.Sprintf("app:{%s}:%d", tag, i), "application data")
+		}
+		if _, err := redistest.Do(ctx, from, nil, mset...); err != nil {
+			return err
 		}
 		to := masters[(slices.Index(masters, from)+1)%len(masters)]
 		d, err := c.MigrateSlot(ctx, slot, to, 10, 20*time.Millisecond)
