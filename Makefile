@@ -83,7 +83,8 @@ demo:
 # chaos: three Caddy nodes (processes), one Redis (AOF), SDK-like clients and
 # a recording backend under scheduled faults, then the same on a Sentinel pair
 # with replicas 1 under failovers, then network faults through toxiproxy
-# (installed from the Go module proxy as a tool); checks the records, exits 1
+# (installed from the Go module proxy as a tool), then a Redis Cluster of six
+# nodes with replicas 1 under failovers and slot migrations; checks the records, exits 1
 # on a violation (SEED=n another schedule; LOCK_ONLY=1 without idempotency,
 # fails; ACCOUNTS=8 the payments on 8 accounts, one request of an account at
 # a time (idempotency { key }), checked; ARGS='-phase network' one phase).

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/reqlock/caddy-redis-lock/internal/engine"
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 )
 
 // metrics are created once and registered on every config's registry, so
@@ -25,6 +26,8 @@ var metrics = struct {
 	unknown  prometheus.Counter
 	settled  labelled
 	givenUp  labelled
+	retries  labelled
+	retried  labelled
 }{}
 
 // labelled is a counter with a result label whose counters for the known
@@ -108,6 +111,24 @@ func initMetrics() {
 		Namespace: ns, Subsystem: sub, Name: "answers_given_up_total",
 		Help: "Answers a node could not store in Redis, by the record left in their place (outcome_unknown: Redis did not take the answer in time while the lock was held, and retries get 502; none: nothing stored; the record is left in progress, abandoned once its lease ends, and retries get 502).",
 	}, "record", givenUpUnknown, givenUpNone)
+	metrics.retries = newLabelledBy(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "cluster_retries_total",
+		Help: "Redis Cluster calls tried again because the Cluster did not run them, by cause (moved, ask, tryagain: a slot migrating; clusterdown, readonly, connection, unreplicated: a master failing over; loading, masterdown).",
+	}, "cause", redisscript.Causes...)
+	metrics.retried = newLabelledBy(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "cluster_retries_exhausted_total",
+		Help: "Redis Cluster calls whose deadline passed while they were tried again, by the cause of the last try: an acquire or begin answered 503, a renewal, release or stored answer that failed.",
+	}, "cause", redisscript.Causes...)
+}
+
+// observeRetry is the Redis connection's RetryObserver.
+func observeRetry(cause string, exhausted bool) {
+	metrics.once.Do(initMetrics)
+	if exhausted {
+		metrics.retried.inc(cause)
+		return
+	}
+	metrics.retries.inc(cause)
 }
 
 // The records that answers_given_up_total counts.
@@ -138,6 +159,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.requests.CounterVec, metrics.wait, metrics.hold, metrics.renewals.CounterVec, metrics.lost, metrics.release.CounterVec, metrics.stored, metrics.unacked.CounterVec, metrics.unknown, metrics.settled.CounterVec, metrics.givenUp.CounterVec,
+		metrics.retries.CounterVec, metrics.retried.CounterVec,
 	} {
 		var are prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &are) {

@@ -58,6 +58,7 @@ func (c *RedisConfig) connOptions() redisconn.Options {
 		Timeout:          time.Duration(c.Timeout),
 		PoolSize:         c.PoolSize,
 		Replicas:         c.Replicas,
+		OnRetry:          observeRetry,
 	}
 	if t := c.TLS; t != nil {
 		o.TLS = &redisconn.TLS{CA: t.CA, Cert: t.Cert, Key: t.Key, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}

@@ -35,8 +35,12 @@ type Options struct {
 type Config struct {
 	// CallTimeout bounds each acquire attempt and each refresh: waiting in
 	// a pipeline queue, for a pooled connection, dialling and any retry
-	// included. Default 0: only the caller's context and the Redis client's
-	// own timeouts bound them.
+	// included. On a redis.ClusterClient a call the Cluster refuses while
+	// a slot migrates or a master fails over is tried again until then,
+	// and an acquire with Wait until the wait's end when that is later.
+	// Default 0: only the caller's context and the Redis client's own
+	// timeouts bound them, and a call without a deadline is not tried
+	// again past go-redis's own retries.
 	CallTimeout time.Duration
 	// ReleaseTimeout bounds Release, which runs detached from the caller's
 	// cancellation. Default 0: CallTimeout, else the Redis client's own

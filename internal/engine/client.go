@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 )
 
 // Defaults used when the corresponding field is zero.
@@ -37,8 +39,11 @@ type Options struct {
 type Config struct {
 	// CallTimeout bounds each acquire attempt and each refresh: waiting in
 	// a pipeline queue, for a pooled connection, dialling and any retry
-	// included. Default 0: only the caller's context and the Redis client's
-	// own timeouts bound them.
+	// included (on a Cluster, the retries of a call it did not run: a slot
+	// migrating, a failover). An acquire with Wait may take what is left
+	// of the wait instead, when that is longer. Default 0: only the
+	// caller's context and the Redis client's own timeouts bound them, and
+	// a Cluster's refusals are not retried past go-redis's own.
 	CallTimeout time.Duration
 	// ReleaseTimeout bounds Release, which runs detached from the caller's
 	// cancellation. Default 0: CallTimeout, else the Redis client's own
@@ -141,7 +146,7 @@ func (c *Client) AcquireWith(ctx context.Context, b Backend, key string, opt Opt
 			return nil, err
 		}
 		sent := time.Now()
-		cctx, cancel := c.callContext(attemptCtx)
+		cctx, cancel := c.attemptContext(attemptCtx, waitUntil)
 		fence, err := b.TryAcquire(cctx, key, token, ttl)
 		cancel()
 		if err == nil {
@@ -215,6 +220,18 @@ func (c *Client) callContext(ctx context.Context) (context.Context, context.Canc
 	return ctx, func() {}
 }
 
+// attemptContext bounds one acquire attempt: by CallTimeout, or by what is
+// left of the wait (waitUntil) when that is longer. A caller that agreed to
+// wait for a held lock waits as long for a Cluster that asks to try again
+// (a slot migrating, a master failing over), which the backend does until
+// the attempt's deadline (redisscript's retry).
+func (c *Client) attemptContext(ctx context.Context, waitUntil time.Time) (context.Context, context.CancelFunc) {
+	if c.cfg.CallTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, max(c.cfg.CallTimeout, time.Until(waitUntil)))
+}
+
 // reclassify makes an error of a call that ended on its own deadline (not
 // the caller's context) ErrUnavailable: Redis did not answer in time.
 func (c *Client) reclassify(ctx context.Context, err error) error {
@@ -222,6 +239,12 @@ func (c *Client) reclassify(ctx context.Context, err error) error {
 		return err
 	}
 	if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		// What a Cluster answered while the call was retried stays
+		// matchable (ErrNotReplicated); the internal deadline does not.
+		var re *redisscript.RetryError
+		if errors.As(err, &re) {
+			return fmt.Errorf("%w: %w", ErrUnavailable, re)
+		}
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return err

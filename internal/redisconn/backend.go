@@ -41,6 +41,7 @@ func pipelined(rdb asyncPipeliner, o *Options) (engine.Master, func() error, err
 		return nil, nil, errors.Join(err, rdb.Close())
 	}
 	b := engine.NewPipelinedRedis(ap, rdb, engine.Replication{Replicas: o.Replicas, Timeout: o.Timeout})
+	b.Conn().ObserveRetries(o.OnRetry)
 	return b, func() error { return errors.Join(ap.Close(), rdb.Close()) }, nil
 }
 

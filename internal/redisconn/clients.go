@@ -29,6 +29,11 @@ func newClients(o *Options, opt *redis.UniversalOptions, rec *Recovery) (b engin
 		// interval (its default is a minute) the slots of a failed
 		// master stay on it long after its replica took over.
 		co.ClusterStateReloadInterval = time.Second
+		// No redirect followed within go-redis (-1: none), but by the
+		// backend's Conn, until the call's deadline (redisscript's retry):
+		// go-redis's pipelines can send one command to two nodes at once
+		// after an ASK and a TRYAGAIN in one batch.
+		co.MaxRedirects = -1
 		co.NewClient = func(o *redis.Options) *redis.Client {
 			o.Limiter = newAuthBackoff(rec)
 			return redis.NewClient(o)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/reqlock/caddy-redis-lock/internal/redisscript"
 )
 
 // Mode is how the Redis deployment is reached.
@@ -38,6 +40,12 @@ type Options struct {
 	Timeout     time.Duration // each command's read and write
 	PoolSize    int           // 0: go-redis's default
 	Replicas    int           // replicas that acknowledge each write (WAIT)
+
+	// OnRetry is told of each call that a Cluster did not run and that is
+	// tried again, with its cause (redisscript's Causes), and of each one
+	// whose deadline passed meanwhile (exhausted). Not part of the
+	// settings: nil, or the same function, for every Conn.
+	OnRetry redisscript.RetryObserver
 }
 
 // universal are the go-redis options every mode shares; go-redis derives
@@ -62,7 +70,10 @@ func (o *Options) universal(tlsCfg *tls.Config) *redis.UniversalOptions {
 		// go-redis's default of 5 dial attempts 100ms apart, would only
 		// delay the 503 while Redis is down (about 0.8s per request).
 		// The lock commands are idempotent for their own token, so a retry
-		// never applies twice.
+		// never applies twice. On a Cluster, whose slots move and fail
+		// over, a call is tried again until its deadline beside these
+		// (redisscript's retry): go-redis's budgets are counts
+		// (MaxRedirects, 3 by default, spent in tens of milliseconds).
 		MaxRetries:    1,
 		DialerRetries: 1,
 	}

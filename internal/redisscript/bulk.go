@@ -20,65 +20,93 @@ import (
 // than them to send. At most a quarter of the pool runs such calls at once,
 // so that the lock's own calls always find a connection; the rest wait for
 // their turn until ctx ends. A Conn with no client but an autopipeliner
-// sends them through it (ProcessAll).
+// sends them through it (ProcessAll). On a Cluster they are tried again
+// while the Cluster does not run them (retry), on the node it redirects
+// them to.
 func (c *Conn) ProcessBulk(ctx context.Context, key string, cmds ...redis.Cmder) error {
-	rdb, err := c.bulkClient(ctx, key)
+	return c.retry(ctx, func(r route) error {
+		for _, cmd := range cmds {
+			cmd.SetErr(nil)
+		}
+		return c.processBulk(ctx, key, r, cmds...)
+	})
+}
+
+// processBulk is one try of ProcessBulk, on the node r names.
+func (c *Conn) processBulk(ctx context.Context, key string, r route, cmds ...redis.Cmder) error {
+	rdb, asking, err := c.bulkClient(ctx, key, r)
 	if err != nil {
 		return err
 	}
 	if rdb == nil {
-		return c.ProcessAll(ctx, cmds...)
+		return firstErr(c.processAll(ctx, cmds, r))
 	}
 	done, err := c.bulkSlot(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	return pipeline(ctx, rdb, cmds)
+	return firstErr(pipeline(ctx, rdb, cmds, asking))
+}
+
+// firstErr is the first of errs that is not nil.
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // RunBulk is Run for a script whose arguments carry a large value: sent
 // as ProcessBulk sends commands, and with its WAIT on a Conn with
 // Replication.
 func (c *Conn) RunBulk(ctx context.Context, s Script, keys []string, args ...any) (*redis.Cmd, error) {
-	if c.repl != nil {
-		rdb, err := c.bulkClient(ctx, keys[0])
+	if c.repl == nil {
+		return c.eval(ctx, s, keys, args, true)
+	}
+	var cmd *redis.Cmd
+	err := c.retry(ctx, func(r route) error {
+		rdb, asking, err := c.bulkClient(ctx, keys[0], r)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		done, err := c.bulkSlot(ctx)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		defer done()
-		return c.runReplicatedOn(ctx, rdb, s, keys, args)
-	}
-	return c.eval(ctx, s, keys, args, true)
+		cmd, err = c.runReplicatedOn(ctx, rdb, asking, s, keys, args)
+		return err
+	})
+	return cmd, err
 }
 
 // bulkClient is the client a bulk call for key goes on: the one that sends
 // lone calls or a script with its WAIT, on the master of key's slot in a
-// Cluster, with read and write timeouts of what is left of ctx. Nil when
-// c has no client but an autopipeliner.
-func (c *Conn) bulkClient(ctx context.Context, key string) (redis.UniversalClient, error) {
-	rdb := c.bulkBase()
+// Cluster (or the node r names, with ASKING first when asking), with read
+// and write timeouts of what is left of ctx. Nil when c has no client but
+// an autopipeliner.
+func (c *Conn) bulkClient(ctx context.Context, key string, r route) (rdb redis.UniversalClient, asking bool, err error) {
+	rdb = c.bulkBase()
 	if rdb == nil {
-		return nil, nil
+		return nil, false, nil
 	}
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return nil, err
+	if _, ok := rdb.(*redis.ClusterClient); ok && c.nodes != nil {
+		var node *redis.Client
+		if node, asking, err = c.nodes.forKey(ctx, key, r); err != nil {
+			return nil, false, err
 		}
 		rdb = node
 	}
 	if cl, ok := rdb.(*redis.Client); ok {
 		if deadline, ok := ctx.Deadline(); ok {
 			// A clone on the same pool, with other timeouts.
-			return cl.WithTimeout(max(time.Until(deadline), time.Millisecond)), nil
+			return cl.WithTimeout(max(time.Until(deadline), time.Millisecond)), asking, nil
 		}
 	}
-	return rdb, nil
+	return rdb, asking, nil
 }
 
 // bulkBase is the client under bulkClient, or nil.

@@ -7,6 +7,7 @@
 package redisscript
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -53,11 +54,17 @@ var ErrUnavailable = errors.New("redislock: redis unavailable")
 
 // Classify turns a Redis call error into the lock's errors: the caller's
 // own cancellation stays a context error, anything else is ErrUnavailable.
+// A call retried until its deadline (*RetryError) stays one within either,
+// so that the log says what the Cluster answered meanwhile.
 func Classify(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
+		var re *RetryError
+		if errors.As(err, &re) {
+			return fmt.Errorf("%w: %w", ctxErr, re)
+		}
 		return ctxErr
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -95,6 +102,10 @@ type Conn struct {
 	watches chan struct{}         // WatchRelease's subscriptions open
 	clock   clock                 // the server's clock, for acquires' deadlines
 
+	cluster  *redis.ClusterClient // a Cluster's client: calls are retried (retry), else nil
+	nodes    *clusterNodes        // its nodes' clients, for a redirect
+	observer RetryObserver        // told of the retries, or nil
+
 	bulkOnce sync.Once
 	bulk     chan struct{} // the bulk calls running (ProcessBulk)
 }
@@ -107,6 +118,7 @@ func NewConn(rdb redis.UniversalClient) *Conn {
 	if s, ok := rdb.(submitter); ok && !s.IsBlocking() {
 		c.async = s
 	}
+	c.setCluster(clusterOf(rdb))
 	return c
 }
 
@@ -129,6 +141,7 @@ func NewPipelinedConn(ap, direct redis.UniversalClient, repl Replication) *Conn 
 	if c.async != nil {
 		c.direct = direct
 	}
+	c.setCluster(clusterOf(direct))
 	return c
 }
 
@@ -148,9 +161,24 @@ type submitter interface {
 	IsBlocking() bool
 }
 
-// Process runs cmd and waits for its reply at most until ctx ends. After a
-// context error cmd must not be read: its batch may still complete it.
+// Process runs cmd and waits for its reply at most until ctx ends, trying
+// again on a Cluster (retry). After a context error cmd must not be read:
+// its batch may still complete it.
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
+	return c.retry(ctx, func(r route) error {
+		cmd.SetErr(nil)
+		return c.process(ctx, cmd, r)
+	})
+}
+
+// process is one try of Process, on the node r names, if any.
+func (c *Conn) process(ctx context.Context, cmd redis.Cmder, r route) error {
+	if n, asking := c.redirected(ctx, r); n != nil {
+		if asking {
+			return firstErr(pipeline(ctx, n, []redis.Cmder{cmd}, true))
+		}
+		return n.Process(ctx, cmd)
+	}
 	if c.async == nil {
 		return c.rdb.Process(ctx, cmd)
 	}
@@ -168,45 +196,86 @@ func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
 // other on its ordered stream, where they share batches (a round trip each
 // batch) with other callers' commands, as the lock's own commands do; on
 // another client, or alone on a Conn's direct client, they are one
-// pipeline. The error is the first command's
-// that failed.
+// pipeline. The error is the first command's that failed. On a Cluster the
+// commands that failed are tried again (retry), those that succeeded are
+// not.
 func (c *Conn) ProcessAll(ctx context.Context, cmds ...redis.Cmder) error {
+	todo := cmds
+	return c.retry(ctx, func(r route) error {
+		for _, cmd := range todo {
+			cmd.SetErr(nil)
+		}
+		var first error
+		var failed []redis.Cmder
+		for i, err := range c.processAll(ctx, todo, r) {
+			if err != nil {
+				first = cmp.Or(first, err)
+				failed = append(failed, todo[i])
+			}
+		}
+		todo = failed
+		return first
+	})
+}
+
+// processAll is one try of ProcessAll, on the node r names, if any: each
+// command's error.
+func (c *Conn) processAll(ctx context.Context, cmds []redis.Cmder, r route) []error {
+	if n, asking := c.redirected(ctx, r); n != nil {
+		return pipeline(ctx, n, cmds, asking)
+	}
 	if c.async == nil {
-		return pipeline(ctx, c.rdb, cmds)
+		return pipeline(ctx, c.rdb, cmds, false)
 	}
 	if c.direct != nil {
 		defer c.busy.Add(-1)
 		if c.busy.Add(1) == 1 {
-			return pipeline(ctx, c.direct, cmds)
+			return pipeline(ctx, c.direct, cmds, false)
 		}
 	}
 	futures := make([]redis.AutoFuture, len(cmds))
 	for i, cmd := range cmds {
 		futures[i] = c.async.Submit(ctx, cmd)
 	}
-	var first error
-	for _, f := range futures {
-		if err := f.WaitContext(ctx); err != nil && first == nil {
-			first = err
-		}
+	errs := make([]error, len(cmds))
+	for i, f := range futures {
+		errs[i] = f.WaitContext(ctx)
 	}
-	return first
+	return errs
 }
 
-// pipeline sends cmds in one pipeline on rdb.
-func pipeline(ctx context.Context, rdb redis.UniversalClient, cmds []redis.Cmder) error {
+// pipeline sends cmds in one pipeline on rdb, each after ASKING when
+// asking (a Cluster node that imports their slot), and returns each one's
+// error.
+func pipeline(ctx context.Context, rdb redis.Cmdable, cmds []redis.Cmder, asking bool) []error {
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, cmd := range cmds {
+			if asking {
+				_ = p.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+			}
 			_ = p.Process(ctx, cmd)
 		}
 		return nil
 	})
-	return err
+	errs := make([]error, len(cmds))
+	failed := false
+	for i, cmd := range cmds {
+		errs[i] = cmd.Err()
+		failed = failed || errs[i] != nil
+	}
+	if err != nil && !failed {
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	return errs
 }
 
 // Run runs s with EVALSHA, and once more with EVAL when Redis does not have
-// it cached (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH). Errors
-// are go-redis's, not classified. On a Conn with Replication, the script's
+// it cached (NOSCRIPT: after a restart, a failover or SCRIPT FLUSH); on a
+// Cluster, again while the Cluster does not run it (retry), until ctx's
+// deadline. Errors are go-redis's, or a *RetryError wrapping one, not
+// classified. On a Conn with Replication, the script's
 // reply may come with a *ReplicationError: it ran, but its writes were not
 // acknowledged by enough replicas.
 func (c *Conn) Run(ctx context.Context, s Script, keys []string, args ...any) (*redis.Cmd, error) {
@@ -217,23 +286,28 @@ func (c *Conn) Run(ctx context.Context, s Script, keys []string, args ...any) (*
 }
 
 // eval runs s with EVALSHA, and with EVAL on NOSCRIPT: through Process, or
-// ProcessBulk when bulk.
+// ProcessBulk when bulk; on a Cluster, again while it is not run (retry).
 func (c *Conn) eval(ctx context.Context, s Script, keys []string, args []any, bulk bool) (*redis.Cmd, error) {
-	cmd := redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
-	err := c.send(ctx, cmd, keys, bulk)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
-		err = c.send(ctx, cmd, keys, bulk)
-	}
+	var cmd *redis.Cmd
+	err := c.retry(ctx, func(r route) error {
+		cmd = redis.NewCmd(ctx, evalArgs("evalsha", s.sha, keys, args)...)
+		err := c.send(ctx, cmd, keys, bulk, r)
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			cmd = redis.NewCmd(ctx, evalArgs("eval", s.src, keys, args)...)
+			err = c.send(ctx, cmd, keys, bulk, r)
+		}
+		return err
+	})
 	return cmd, err
 }
 
-// send is Process, or ProcessBulk on the connection of keys[0] when bulk.
-func (c *Conn) send(ctx context.Context, cmd redis.Cmder, keys []string, bulk bool) error {
+// send is one try of Process, or of ProcessBulk on the connection of
+// keys[0] (after r) when bulk.
+func (c *Conn) send(ctx context.Context, cmd redis.Cmder, keys []string, bulk bool, r route) error {
 	if bulk {
-		return c.ProcessBulk(ctx, keys[0], cmd)
+		return c.processBulk(ctx, keys[0], r, cmd)
 	}
-	return c.Process(ctx, cmd)
+	return c.process(ctx, cmd, r)
 }
 
 // evalArgs are the arguments of EVALSHA or EVAL. The keys go as pointers

@@ -50,29 +50,42 @@ func NewReplicatedConn(rdb redis.UniversalClient, repl Replication) *Conn {
 			repl.Direct = rdb
 		}
 		c.repl = &repl
+		c.setCluster(clusterOf(repl.Direct))
 	}
 	return c
 }
 
 // runReplicated runs s, then WAIT, in one pipeline on one connection to
 // the master of keys[0]. Its error is the script's, else a
-// *ReplicationError when fewer than Replicas acknowledged in time.
+// *ReplicationError when fewer than Replicas acknowledged in time. On a
+// Cluster it is tried again (retry) while the Cluster does not run it, on
+// the node it redirects it to, or while the replicas do not acknowledge it
+// (a new master's replicas still connecting after a failover): the script
+// is idempotent for its token, and its WAIT counts the acknowledgements of
+// all the connection's writes so far.
 func (c *Conn) runReplicated(ctx context.Context, s Script, keys []string, args []any) (*redis.Cmd, error) {
-	p, err := c.directFor(ctx, keys[0])
-	if err != nil {
-		return nil, err
-	}
-	return c.runReplicatedOn(ctx, p, s, keys, args)
+	var cmd *redis.Cmd
+	err := c.retry(ctx, func(r route) error {
+		p, asking, err := c.directFor(ctx, keys[0], r)
+		if err != nil {
+			return err
+		}
+		cmd, err = c.runReplicatedOn(ctx, p, asking, s, keys, args)
+		return err
+	})
+	return cmd, err
 }
 
-// runReplicatedOn is runReplicated on p, a client of the master of keys[0].
-func (c *Conn) runReplicatedOn(ctx context.Context, p redis.Cmdable, s Script, keys []string, args []any) (*redis.Cmd, error) {
+// runReplicatedOn is one try of runReplicated on p, a client of the master
+// of keys[0], or of the node that imports its slot with ASKING first when
+// asking.
+func (c *Conn) runReplicatedOn(ctx context.Context, p redis.Cmdable, asking bool, s Script, keys []string, args []any) (*redis.Cmd, error) {
 	waitUntil := c.waitDeadline(ctx)
-	cmd, acked, err := c.pipelineWait(ctx, p, waitUntil, evalArgs("evalsha", s.sha, keys, args))
+	cmd, acked, err := c.pipelineWait(ctx, p, asking, waitUntil, evalArgs("evalsha", s.sha, keys, args))
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// The first WAIT waited too, for the connection's earlier writes:
 		// the two share one budget.
-		cmd, acked, err = c.pipelineWait(ctx, p, waitUntil, evalArgs("eval", s.src, keys, args))
+		cmd, acked, err = c.pipelineWait(ctx, p, asking, waitUntil, evalArgs("eval", s.src, keys, args))
 	}
 	if err != nil {
 		return cmd, err
@@ -84,11 +97,14 @@ func (c *Conn) runReplicatedOn(ctx context.Context, p redis.Cmdable, s Script, k
 }
 
 // pipelineWait sends the script of args and WAIT, until waitUntil, in one
-// pipeline on p.
-func (c *Conn) pipelineWait(ctx context.Context, p redis.Cmdable, waitUntil time.Time, args []any) (*redis.Cmd, int64, error) {
+// pipeline on p, after ASKING when asking.
+func (c *Conn) pipelineWait(ctx context.Context, p redis.Cmdable, asking bool, waitUntil time.Time, args []any) (*redis.Cmd, int64, error) {
 	cmd := redis.NewCmd(ctx, args...)
 	wait := redis.NewIntCmd(ctx, "wait", c.repl.Replicas, max(time.Until(waitUntil).Milliseconds(), 1))
 	_, err := p.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		if asking {
+			_ = pl.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+		}
 		_ = pl.Process(ctx, cmd)
 		_ = pl.Process(ctx, wait)
 		return nil
@@ -116,12 +132,13 @@ func (c *Conn) waitDeadline(ctx context.Context) time.Time {
 	return time.Now().Add(d / 2)
 }
 
-// directFor is the client that sends key's script and its WAIT.
-func (c *Conn) directFor(ctx context.Context, key string) (redis.Cmdable, error) {
-	if cc, ok := c.repl.Direct.(*redis.ClusterClient); ok {
-		return cc.MasterForKey(ctx, key)
+// directFor is the client that sends key's script and its WAIT, after r,
+// and whether it must send ASKING first.
+func (c *Conn) directFor(ctx context.Context, key string, r route) (redis.Cmdable, bool, error) {
+	if _, ok := c.repl.Direct.(*redis.ClusterClient); ok && c.nodes != nil {
+		return c.nodes.forKey(ctx, key, r)
 	}
-	return c.repl.Direct, nil
+	return c.repl.Direct, false, nil
 }
 
 // Replicas is how many replicas each script's writes wait for.

@@ -204,3 +204,15 @@ func TestChaosFailover(t *testing.T) {
 		t.Errorf("[%s] key %s: %s", v.Check, v.Key, v.Detail)
 	}
 }
+
+// TestChaosCluster is `make chaos`'s cluster phase (about a minute and a
+// half): a Cluster of three masters with a replica each and replicas 1,
+// masters killed, stopped and failed over by hand, busy slots migrated, a
+// master killed with its replica behind; every check must pass, with no
+// window for any of them.
+func TestChaosCluster(t *testing.T) {
+	o := runOne(t, clusterScenario(1))
+	for _, v := range o.Violations {
+		t.Errorf("[%s] key %s: %s", v.Check, v.Key, v.Detail)
+	}
+}

@@ -81,6 +81,8 @@ type faultEvent struct {
 type injector struct {
 	redis    *chaosRedis    // the full scenario's
 	sentinel *chaosSentinel // the failover phase's
+	cluster  *chaosCluster  // the cluster phase's
+	slots    []keySlot      // the cluster phase's: where the payments' keys are
 	net      *network       // the network phase's
 	nodes    []*node
 	backend  *backend
@@ -116,6 +118,8 @@ func (in *injector) run(ctx context.Context, t0 time.Time, plan []plannedFault) 
 			err = in.reload(ctx, &ev)
 		case sentinelFailover:
 			err = in.failover(ctx, &ev)
+		case clusterKill, clusterStop, clusterManual, clusterMigrate, clusterBehind:
+			err = in.clusterFault(ctx, &ev, t0)
 		default:
 			err = in.network(ctx, &ev, f)
 		}

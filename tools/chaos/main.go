@@ -13,9 +13,10 @@
 // block, which must make it fail; ACCOUNTS=n puts the payments on n
 // accounts, the route in per-account serialisation (`idempotency { key }`),
 // and checks that no two requests of an account ever ran at once. Its phases: the full scenario, the
-// failover phase on a Sentinel pair, and the network phase, with toxiproxy
+// failover phase on a Sentinel pair, the network phase, with toxiproxy
 // (installed with go install, see toxiproxy.go) between each node and Redis
-// and the backend (network.go).
+// and the backend (network.go), and the cluster phase on a Redis Cluster
+// of six nodes (cluster.go).
 package main
 
 import (
@@ -42,6 +43,7 @@ type scenario struct {
 	LockOnly    bool
 	Accounts    int         // the payments on this many accounts, one request of an account at a time (idempotency { key }); 0: none
 	Failover    bool        // Redis is a Sentinel-managed pair with replicas 1; the faults are failoverKinds
+	Cluster     bool        // Redis is a Cluster of 3 masters with a replica each, replicas 1; the faults are clusterKinds
 	Network     bool        // toxiproxy between the nodes and Redis and the backend; the faults are networkKinds
 	Large       float64     // the share of payments whose answer is large (largeAnswer bytes)
 	LargeSlow   float64     // the same for payments that start around a slow link (network phase)
@@ -117,7 +119,7 @@ func main() {
 		seed = n
 	}
 	short := flag.Bool("short", false, "the short scenario of `make test` instead of the full one")
-	phase := flag.String("phase", "all", "all: the full scenario, the failover phase, then the network phase; full; failover; network")
+	phase := flag.String("phase", "all", "all: the full scenario, the failover phase, the network phase, then the cluster phase; full; failover; network; cluster")
 	lockOnly := flag.Bool("lock-only", os.Getenv("LOCK_ONLY") == "1", "no idempotency block (LOCK_ONLY=1): the checks must fail")
 	accounts := 0
 	if s := os.Getenv("ACCOUNTS"); s != "" {
@@ -150,10 +152,12 @@ func main() {
 		scs = []scenario{failoverScenario(seed)}
 	case *phase == "network":
 		scs = []scenario{networkScenario(seed)}
+	case *phase == "cluster":
+		scs = []scenario{clusterScenario(seed)}
 	case *phase == "all":
-		scs = []scenario{fullScenario(seed), failoverScenario(seed), networkScenario(seed)}
+		scs = []scenario{fullScenario(seed), failoverScenario(seed), networkScenario(seed), clusterScenario(seed)}
 	default:
-		fmt.Fprintln(os.Stderr, "chaos: -phase is all, full, failover or network, not", *phase)
+		fmt.Fprintln(os.Stderr, "chaos: -phase is all, full, failover, network or cluster, not", *phase)
 		os.Exit(2)
 	}
 
@@ -208,6 +212,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 	var rds *chaosRedis
 	var sen *chaosSentinel
+	var cl *chaosCluster
 	stopMonitor, monitored := func() {}, false
 	cfg := nodeConfig{TTL: sc.TTL, Timeout: sc.Timeout, LockOnly: sc.LockOnly}
 	if sc.Accounts > 0 {
@@ -216,14 +221,22 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		cfg.Accounts, cfg.Wait = true, accountWait(sc.TTL)
 	}
 	redisDesc := ""
-	if sc.Failover {
+	switch {
+	case sc.Cluster:
+		if cl, err = startCluster(); err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		cfg.RedisLines = cl.redisLines()
+		redisDesc = "a Redis Cluster of 3 masters with a replica each, replicas 1"
+	case sc.Failover:
 		if sen, err = startSentinel(); err != nil {
 			return nil, err
 		}
 		defer sen.Close()
 		cfg.RedisLines = sen.redisLines()
 		redisDesc = "a Sentinel-managed master and replica with AOF (appendfsync always), replicas 1"
-	} else {
+	default:
 		if rds, err = startRedis(dir); err != nil {
 			return nil, err
 		}
@@ -301,7 +314,7 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 		scraped = make(chan error, 1)
 		go func() { scraped <- scrapeMetrics(sc.Scrape, nodes[0].cfg.Admin, t0, stopScrape) }()
 	}
-	in := &injector{redis: rds, sentinel: sen, net: nw, nodes: nodes, backend: be, ttl: sc.TTL, timeout: sc.Timeout}
+	in := &injector{redis: rds, sentinel: sen, cluster: cl, slots: keySlots(plans), net: nw, nodes: nodes, backend: be, ttl: sc.TTL, timeout: sc.Timeout}
 	faultsDone := make(chan []faultEvent, 1)
 	go func() { faultsDone <- in.run(ctx, t0, schedule) }()
 	results := newTraffic(sc.Seed, urls).run(ctx, t0, plans)
@@ -352,13 +365,18 @@ func runScenario(ctx context.Context, sc scenario, progress io.Writer) (*outcome
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	addr := ""
-	if sen != nil {
+	switch {
+	case cl != nil:
+	case sen != nil:
 		addr, err = sen.WaitStable(sctx)
-	} else {
+	default:
 		addr = rds.Addr
 	}
 	end := redisState{Err: fmt.Sprint(err)}
-	if err == nil {
+	switch {
+	case cl != nil:
+		end = cl.scan(sctx)
+	case err == nil:
 		end = scanRedis(sctx, addr)
 	}
 	cancel()
@@ -464,7 +482,7 @@ func writeSummary(w io.Writer, o *outcome) {
 		if f.Err != "" {
 			errText = " ERROR: " + f.Err
 		}
-		fmt.Fprintf(w, "  +%6.2fs %-23s %s%s\n", f.Start.Sub(t0).Seconds(), f.Kind, f.Detail, errText)
+		fmt.Fprintf(w, "  +%6.2fs %-23s %s; %s%s\n", f.Start.Sub(t0).Seconds(), f.Kind, f.Detail, refusedDuring(rec, f), errText)
 	}
 	var fk []string
 	for _, k := range slices.Compact(slices.Sorted(slices.Values(o.Scenario.Kinds))) {
